@@ -1,0 +1,254 @@
+//! Harness for the end-to-end suites: drives the real `nextmini` binary with a
+//! private state directory and PostgreSQL port, and looks at the machine (namespaces,
+//! interfaces, processes, rows) to check what it left behind. Dropping an [`Env`]
+//! tears everything down, also when a test fails.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct Env {
+    pub state_dir: PathBuf,
+    pub pg_port: u16,
+    bin_dir: PathBuf,
+    background: Vec<Child>,
+}
+
+/// Where cargo put the binaries: next to this test's `deps/` directory, unless
+/// NEXTMINI_BIN_DIR says otherwise.
+fn bin_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("NEXTMINI_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let exe = std::env::current_exe().expect("test executable path");
+    exe.parent()
+        .and_then(Path::parent)
+        .expect("target directory")
+        .to_path_buf()
+}
+
+impl Env {
+    /// A fresh environment. Needs root; the binaries must be built
+    /// (`cargo build --workspace`, which `make test` does first).
+    pub fn new(name: &str) -> Env {
+        assert!(
+            nix::unistd::geteuid().is_root(),
+            "the e2e suite needs root (network namespaces, TUN)"
+        );
+        let bin_dir = bin_dir();
+        for bin in ["nextmini", "nextmini-agent"] {
+            assert!(
+                bin_dir.join(bin).exists(),
+                "{} is missing: run `cargo build --workspace` first",
+                bin_dir.join(bin).display()
+            );
+        }
+        let state_dir =
+            std::env::temp_dir().join(format!("nextmini-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&state_dir);
+        std::fs::create_dir_all(&state_dir).expect("state dir");
+        // Private state dirs live under /tmp; PostgreSQL (another user) must reach them.
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&state_dir, std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+        Env {
+            state_dir,
+            pg_port: 56000 + (std::process::id() % 1000) as u16,
+            bin_dir,
+            background: Vec::new(),
+        }
+    }
+
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(self.bin_dir.join("nextmini"));
+        cmd.args(args)
+            .env("NEXTMINI_STATE_DIR", &self.state_dir)
+            .env("NEXTMINI_PG_PORT", self.pg_port.to_string())
+            .env("NEXTMINI_AGENT_BIN", self.bin_dir.join("nextmini-agent"))
+            .env_remove("NEXTMINI_DATABASE_URL")
+            .stdin(Stdio::null());
+        cmd
+    }
+
+    pub fn run(&self, args: &[&str]) -> Output {
+        self.command(args).output().expect("running nextmini")
+    }
+
+    /// Runs `nextmini args…`, fails the test unless it succeeds, returns stdout.
+    pub fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "nextmini {args:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `nextmini exec <node> -- <command…>`.
+    pub fn exec(&self, node: &str, command: &[&str]) -> Output {
+        let mut args = vec!["exec", node, "--"];
+        args.extend_from_slice(command);
+        self.run(&args)
+    }
+
+    /// Starts `nextmini exec <node> -- <command…>` in the background; it is
+    /// killed when the environment is dropped.
+    pub fn spawn_in(&mut self, node: &str, command: &[&str]) -> u32 {
+        let mut args = vec!["exec", node, "--"];
+        args.extend_from_slice(command);
+        let child = self
+            .command(&args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawning in node");
+        let pid = child.id();
+        self.background.push(child);
+        pid
+    }
+
+    /// A query against the private PostgreSQL, rows as `|`-separated lines.
+    pub fn psql(&self, sql: &str) -> String {
+        let out = Command::new("psql")
+            .args(["-h"])
+            .arg(self.state_dir.join("postgres-run"))
+            .args([
+                "-p",
+                &self.pg_port.to_string(),
+                "-U",
+                "postgres",
+                "-d",
+                "nextmini",
+                "-tAc",
+                sql,
+            ])
+            .output()
+            .expect("running psql");
+        assert!(
+            out.status.success(),
+            "psql {sql:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_string()
+    }
+
+    pub fn hub_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.state_dir.join("hub.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    pub fn postgres_pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.state_dir.join("postgres/postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// Polls `check` every 100 ms until it returns true or `limit` passes.
+    pub fn wait_for(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
+        let deadline = Instant::now() + limit;
+        while Instant::now() < deadline {
+            if check() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("timed out after {limit:?} waiting for {what}");
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        for child in &mut self.background {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = self.run(&["down"]);
+        let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Network namespaces on this machine that Nextmini made (`nm-<tag>-<node>`).
+pub fn our_namespaces() -> Vec<String> {
+    list_dir("/run/netns")
+        .into_iter()
+        .filter(|n| n.starts_with("nm-"))
+        .collect()
+}
+
+/// Host interfaces that Nextmini made (`nm<tag>-…`).
+pub fn our_interfaces() -> Vec<String> {
+    list_dir("/sys/class/net")
+        .into_iter()
+        .filter(|n| {
+            n.len() > 7 && n.starts_with("nm") && n[2..7].bytes().all(|c| c.is_ascii_hexdigit())
+        })
+        .collect()
+}
+
+/// Pids of running `nextmini-agent` processes.
+pub fn agent_pids() -> Vec<i32> {
+    list_dir("/proc")
+        .into_iter()
+        .filter_map(|p| p.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline"))
+                .map(|c| {
+                    c.split(|b| *b == 0)
+                        .next()
+                        .is_some_and(|a| a.ends_with(b"nextmini-agent"))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Whether the process exists and is not a zombie.
+pub fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, rest)| rest.trim_start().chars().next())
+        })
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+pub fn kill9(pid: i32) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+}
+
+fn list_dir(dir: &str) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Path of a file in the repository (for example manifests).
+pub fn repo_path(relative: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(relative)
+}
+
+pub fn sha256_file(path: &Path) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = std::fs::read(path).expect("reading file to hash");
+    hex::encode(Sha256::digest(bytes))
+}

@@ -1,0 +1,20 @@
+//! Nextmini's node agent: a user-space actor dataplane on tokio.
+//!
+//! Pure cores (no I/O, tested with plain inputs): [`frame`], [`flow`], [`jump_hash`],
+//! [`routing`]. Actors (a task owning its state, driven through a handle holding a
+//! bounded sender): TUN reader/writer, links, processors, the controller interface.
+
+pub mod flow;
+pub mod frame;
+pub mod jump_hash;
+pub mod routing;
+
+pub mod control;
+pub mod counters;
+pub mod dataplane;
+pub mod link;
+pub mod listener;
+pub mod netns;
+pub mod packet;
+pub mod processor;
+pub mod tun_io;

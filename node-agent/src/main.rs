@@ -1,0 +1,84 @@
+//! `nextmini-agent`: the node agent of one virtual node.
+
+use anyhow::Context;
+use clap::Parser;
+use nextmini_agent::control::{self, HubAddress, Identity};
+use nextmini_agent::dataplane::Dataplane;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Nextmini node agent: the user-space dataplane of one virtual node"
+)]
+struct Args {
+    /// Network namespace (a name under /run/netns) to enter before starting.
+    #[arg(long)]
+    netns: Option<String>,
+    /// Control hub: unix:/path/to/hub.sock or http(s)://host:port.
+    #[arg(long, env = "NEXTMINI_HUB")]
+    hub: HubAddress,
+    #[arg(long, env = "NEXTMINI_TOPOLOGY")]
+    topology: String,
+    #[arg(long, env = "NEXTMINI_NODE")]
+    node: String,
+    /// File holding this node's credential (issued by the operator).
+    #[arg(long, env = "NEXTMINI_CREDENTIAL_FILE")]
+    credential_file: PathBuf,
+    /// Name of the TUN device to create.
+    #[arg(long, default_value = "nm0")]
+    tun: String,
+    /// Worker threads of the async runtime.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
+    // Before the runtime starts any thread: threads inherit the namespace.
+    if let Some(ns) = &args.netns {
+        nextmini_agent::netns::enter(ns)
+            .with_context(|| format!("entering network namespace {ns}"))?;
+    }
+    let credential = std::fs::read_to_string(&args.credential_file)
+        .with_context(|| format!("reading {}", args.credential_file.display()))?
+        .trim()
+        .to_string();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone());
+        let identity = Identity {
+            topology: args.topology,
+            node: args.node,
+            credential,
+        };
+        tokio::select! {
+            _ = control::run(args.hub, identity, dataplane) => {}
+            _ = shutdown_signal() => tracing::info!("stopping"),
+        }
+    });
+    Ok(())
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

@@ -1,0 +1,895 @@
+//! The node's forwarding table: given a packet's flow key and the label of the frame
+//! it came in (0 for packets from the TUN device), where does it go?
+//!
+//! Built once from the operator's `RouteTable` message and then only read, so the
+//! dataplane can swap whole tables atomically and look up without locks. Generic over
+//! the link handle `L` so this stays pure: the agent passes its link senders, tests
+//! pass names or numbers.
+//!
+//! Lookup order:
+//! 1. A frame that carries a label follows that label route (explicit paths).
+//! 2. Otherwise the first matching flow rule pins the flow to a label route.
+//! 3. Otherwise the destination address picks the next hop; with several next hops
+//!    the flow hash makes a weighted, per-flow-stable choice.
+
+use crate::flow::{FlowKey, Fnv1a, fmix64};
+use nextmini_proto::v1 as pb;
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::net::IpAddr;
+use thiserror::Error;
+
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum RouteError {
+    #[error("{used_by}: unknown link `{link}`")]
+    UnknownLink { link: String, used_by: String },
+    #[error("{used_by}: bad address `{addr}`")]
+    BadAddress { addr: String, used_by: String },
+    #[error("two destination routes for {0}")]
+    DuplicateDestination(IpAddr),
+    #[error("two label routes with route id {0}")]
+    DuplicateLabel(u32),
+    #[error("{used_by}: route id 0 is reserved for destination routing")]
+    ZeroRouteId { used_by: String },
+    #[error("flow rule #{rule}: {field} {value} is out of range")]
+    OutOfRange {
+        rule: usize,
+        field: &'static str,
+        value: u32,
+    },
+    #[error("flow rule #{rule}: no label route with route id {route_id} at this node")]
+    RuleWithoutLabel { rule: usize, route_id: u32 },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum DropReason {
+    /// No destination route for the packet's destination address.
+    NoRoute,
+    /// The frame's label has no label route at this node.
+    UnknownLabel,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Decision<L> {
+    /// Deliver to this node's TUN device.
+    Local,
+    /// Send on `link` with `label` in the frame header (0 = route by destination).
+    Forward {
+        link: L,
+        label: u32,
+    },
+    Drop(DropReason),
+}
+
+#[derive(Clone, Debug)]
+pub struct RouteTable<L> {
+    destinations: HashMap<IpAddr, Destination<L>>,
+    labels: HashMap<u32, Hop<L>>,
+    rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug)]
+enum Hop<L> {
+    Local,
+    Link(L),
+}
+
+#[derive(Clone, Debug)]
+enum Destination<L> {
+    Local,
+    One(L),
+    Weighted(Weighted<L>),
+}
+
+/// Next hops as a partition of `0..total`: hop `i` owns `[bounds[i-1], bounds[i])`.
+#[derive(Clone, Debug)]
+struct Weighted<L> {
+    /// Cumulative weights, strictly increasing; the last one is the total.
+    bounds: Vec<u64>,
+    links: Vec<L>,
+    /// Mixed into the flow hash. Derived from this node's own link names, so two nodes
+    /// on one path make independent choices. With one shared hash, the flows a first
+    /// split sends to a node would all land in the same part of the next node's split
+    /// (ECMP polarisation).
+    salt: u64,
+}
+
+impl<L> Weighted<L> {
+    /// `None` only for an empty set of hops, which `from_proto` never builds.
+    fn pick(&self, flow_hash: u64) -> Option<&L> {
+        let total = *self.bounds.last()?;
+        let h = fmix64(flow_hash ^ self.salt);
+        // Multiply-shift maps the hash onto 0..total from its high bits, avoiding the
+        // modulo's bias and cost.
+        let point = ((u128::from(h) * u128::from(total)) >> 64) as u64;
+        let i = self.bounds.partition_point(|&b| b <= point);
+        // point < total = the last bound, so some bound exceeds it and i is in range.
+        self.links.get(i)
+    }
+}
+
+/// A flow rule with its unset fields as `None`.
+#[derive(Clone, Debug)]
+struct Rule {
+    src: Option<IpAddr>,
+    dst: Option<IpAddr>,
+    src_port: Option<u16>,
+    dst_port: Option<u16>,
+    protocol: Option<u8>,
+    route_id: u32,
+}
+
+impl Rule {
+    fn matches(&self, key: &FlowKey) -> bool {
+        self.src.is_none_or(|a| a == key.src)
+            && self.dst.is_none_or(|a| a == key.dst)
+            && self.src_port.is_none_or(|p| p == key.src_port)
+            && self.dst_port.is_none_or(|p| p == key.dst_port)
+            && self.protocol.is_none_or(|p| p == key.protocol)
+    }
+}
+
+impl<L> Default for RouteTable<L> {
+    fn default() -> Self {
+        Self::empty()
+    }
+}
+
+impl<L> RouteTable<L> {
+    /// A table that routes nothing: every packet is dropped with `NoRoute` (or
+    /// `UnknownLabel`). What a node uses before its first snapshot arrives.
+    pub fn empty() -> Self {
+        Self {
+            destinations: HashMap::new(),
+            labels: HashMap::new(),
+            rules: Vec::new(),
+        }
+    }
+
+    /// Builds the table, resolving link names to handles with `resolve`.
+    ///
+    /// Fails on the first inconsistency, naming it: an unknown link, an unparsable
+    /// address, duplicate destinations or route ids, route id 0, out-of-range rule
+    /// fields, or a flow rule whose route has no label route at this node. A next-hop
+    /// weight of 0 (proto3's "unset") counts as 1, so unweighted routes split evenly.
+    pub fn from_proto(
+        table: &pb::RouteTable,
+        resolve: impl Fn(&str) -> Option<L>,
+    ) -> Result<RouteTable<L>, RouteError> {
+        let link = |name: &str, used_by: &dyn Fn() -> String| {
+            resolve(name).ok_or_else(|| RouteError::UnknownLink {
+                link: name.to_owned(),
+                used_by: used_by(),
+            })
+        };
+
+        let mut labels = HashMap::with_capacity(table.labels.len());
+        for route in &table.labels {
+            let used_by = || format!("label route {}", route.route_id);
+            if route.route_id == 0 {
+                return Err(RouteError::ZeroRouteId { used_by: used_by() });
+            }
+            let hop = if route.next_link.is_empty() {
+                Hop::Local
+            } else {
+                Hop::Link(link(&route.next_link, &used_by)?)
+            };
+            if labels.insert(route.route_id, hop).is_some() {
+                return Err(RouteError::DuplicateLabel(route.route_id));
+            }
+        }
+
+        let mut destinations = HashMap::with_capacity(table.destinations.len());
+        for route in &table.destinations {
+            let used_by = || format!("destination route to `{}`", route.node);
+            let addr = parse_addr(&route.overlay_addr, &used_by)?;
+            let used_by = || format!("destination route to `{}` ({addr})", route.node);
+            let destination = match route.next_hops.as_slice() {
+                [] => Destination::Local,
+                [hop] => Destination::One(link(&hop.link, &used_by)?),
+                hops => {
+                    let mut bounds = Vec::with_capacity(hops.len());
+                    let mut links = Vec::with_capacity(hops.len());
+                    let mut total = 0u64;
+                    let mut salt = Fnv1a::new();
+                    for hop in hops {
+                        total += u64::from(hop.weight.max(1));
+                        bounds.push(total);
+                        links.push(link(&hop.link, &used_by)?);
+                        salt.write(hop.link.as_bytes());
+                        salt.write(&[0]);
+                    }
+                    Destination::Weighted(Weighted {
+                        bounds,
+                        links,
+                        salt: salt.finish(),
+                    })
+                }
+            };
+            match destinations.entry(addr) {
+                Entry::Occupied(_) => return Err(RouteError::DuplicateDestination(addr)),
+                Entry::Vacant(slot) => {
+                    slot.insert(destination);
+                }
+            }
+        }
+
+        let mut rules = Vec::with_capacity(table.flow_rules.len());
+        for (i, rule) in table.flow_rules.iter().enumerate() {
+            let used_by = || format!("flow rule #{i}");
+            let optional_addr = |s: &str| {
+                if s.is_empty() {
+                    Ok(None)
+                } else {
+                    parse_addr(s, &used_by).map(Some)
+                }
+            };
+            let small = |field: &'static str, value: u32, max: u32| {
+                if value <= max {
+                    Ok(value)
+                } else {
+                    Err(RouteError::OutOfRange {
+                        rule: i,
+                        field,
+                        value,
+                    })
+                }
+            };
+            if rule.route_id == 0 {
+                return Err(RouteError::ZeroRouteId { used_by: used_by() });
+            }
+            if !labels.contains_key(&rule.route_id) {
+                return Err(RouteError::RuleWithoutLabel {
+                    rule: i,
+                    route_id: rule.route_id,
+                });
+            }
+            // Proto3 has no u16/u8; 0 doubles as "unset", which also means "any".
+            let src_port = small("src_port", rule.src_port, u32::from(u16::MAX))? as u16;
+            let dst_port = small("dst_port", rule.dst_port, u32::from(u16::MAX))? as u16;
+            let protocol = small("protocol", rule.protocol, u32::from(u8::MAX))? as u8;
+            rules.push(Rule {
+                src: optional_addr(&rule.src_addr)?,
+                dst: optional_addr(&rule.dst_addr)?,
+                src_port: (src_port != 0).then_some(src_port),
+                dst_port: (dst_port != 0).then_some(dst_port),
+                protocol: (protocol != 0).then_some(protocol),
+                route_id: rule.route_id,
+            });
+        }
+
+        Ok(RouteTable {
+            destinations,
+            labels,
+            rules,
+        })
+    }
+
+    /// True when the table has no routes of any kind.
+    pub fn is_empty(&self) -> bool {
+        self.destinations.is_empty() && self.labels.is_empty() && self.rules.is_empty()
+    }
+}
+
+impl<L: Clone> RouteTable<L> {
+    /// Where a packet goes. `label` is the frame's label (0 for packets from the TUN
+    /// device or frames routed by destination). Does not allocate; `L` should be cheap
+    /// to clone (an index or an `Arc`).
+    pub fn lookup(&self, key: &FlowKey, label: u32) -> Decision<L> {
+        if label != 0 {
+            return self.follow_label(label);
+        }
+        if let Some(rule) = self.rules.iter().find(|r| r.matches(key)) {
+            return self.follow_label(rule.route_id);
+        }
+        match self.destinations.get(&key.dst) {
+            None => Decision::Drop(DropReason::NoRoute),
+            Some(Destination::Local) => Decision::Local,
+            Some(Destination::One(link)) => Decision::Forward {
+                link: link.clone(),
+                label: 0,
+            },
+            Some(Destination::Weighted(w)) => match w.pick(key.stable_hash()) {
+                Some(link) => Decision::Forward {
+                    link: link.clone(),
+                    label: 0,
+                },
+                None => Decision::Drop(DropReason::NoRoute),
+            },
+        }
+    }
+
+    fn follow_label(&self, label: u32) -> Decision<L> {
+        match self.labels.get(&label) {
+            None => Decision::Drop(DropReason::UnknownLabel),
+            Some(Hop::Local) => Decision::Local,
+            Some(Hop::Link(link)) => Decision::Forward {
+                link: link.clone(),
+                label,
+            },
+        }
+    }
+}
+
+fn parse_addr(s: &str, used_by: &dyn Fn() -> String) -> Result<IpAddr, RouteError> {
+    s.parse().map_err(|_| RouteError::BadAddress {
+        addr: s.to_owned(),
+        used_by: used_by(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::flow::{PROTO_TCP, PROTO_UDP};
+    use std::net::{Ipv4Addr, Ipv6Addr};
+
+    const LINKS: [&str; 5] = ["a-b", "a-c", "a-d", "b-d", "b-e"];
+
+    /// Link handles in tests are indices into `LINKS`.
+    fn resolve(name: &str) -> Option<usize> {
+        LINKS.iter().position(|l| *l == name)
+    }
+
+    fn addr(last: u8) -> IpAddr {
+        Ipv4Addr::new(198, 18, 0, last).into()
+    }
+
+    fn link(name: &str) -> usize {
+        resolve(name).expect("test link")
+    }
+
+    fn dest(node: &str, last: u8, hops: &[(&str, u32)]) -> pb::DestinationRoute {
+        pb::DestinationRoute {
+            node: node.into(),
+            overlay_addr: addr(last).to_string(),
+            next_hops: hops
+                .iter()
+                .map(|&(link, weight)| pb::NextHop {
+                    link: link.into(),
+                    weight,
+                })
+                .collect(),
+        }
+    }
+
+    fn label(route_id: u32, next_link: &str) -> pb::LabelRoute {
+        pb::LabelRoute {
+            route_id,
+            next_link: next_link.into(),
+        }
+    }
+
+    fn key(dst: u8, src_port: u16) -> FlowKey {
+        FlowKey {
+            src: addr(1),
+            dst: addr(dst),
+            protocol: PROTO_TCP,
+            src_port,
+            dst_port: 80,
+        }
+    }
+
+    /// Deterministic pseudo-random flows (splitmix64), so statistics are repeatable.
+    fn random_flows(n: usize, dst: u8, mut seed: u64) -> Vec<FlowKey> {
+        (0..n)
+            .map(|_| {
+                seed = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
+                let r = fmix64(seed);
+                FlowKey {
+                    src: Ipv4Addr::from((r >> 32) as u32).into(),
+                    dst: addr(dst),
+                    protocol: if r & 1 == 0 { PROTO_TCP } else { PROTO_UDP },
+                    src_port: (r >> 8) as u16,
+                    dst_port: (r >> 24) as u16,
+                }
+            })
+            .collect()
+    }
+
+    fn build(table: pb::RouteTable) -> RouteTable<usize> {
+        RouteTable::from_proto(&table, resolve).expect("valid table")
+    }
+
+    fn node_a() -> RouteTable<usize> {
+        build(pb::RouteTable {
+            destinations: vec![
+                dest("a", 1, &[]),
+                dest("b", 2, &[("a-b", 1)]),
+                dest("d", 4, &[("a-b", 1), ("a-c", 3)]),
+            ],
+            labels: vec![label(7, "a-c"), label(8, ""), label(9, "a-d")],
+            flow_rules: vec![
+                pb::FlowRule {
+                    dst_addr: addr(4).to_string(),
+                    dst_port: 5201,
+                    route_id: 9,
+                    ..Default::default()
+                },
+                pb::FlowRule {
+                    protocol: u32::from(PROTO_UDP),
+                    route_id: 7,
+                    ..Default::default()
+                },
+            ],
+        })
+    }
+
+    #[test]
+    fn empty_table_drops_everything() {
+        let t = RouteTable::<usize>::empty();
+        assert!(t.is_empty());
+        assert_eq!(t.lookup(&key(2, 1), 0), Decision::Drop(DropReason::NoRoute));
+        assert_eq!(
+            t.lookup(&key(2, 1), 5),
+            Decision::Drop(DropReason::UnknownLabel)
+        );
+        assert!(RouteTable::<usize>::default().is_empty());
+        assert!(
+            RouteTable::from_proto(&pb::RouteTable::default(), resolve)
+                .expect("empty is valid")
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn destination_routes() {
+        let t = node_a();
+        assert!(!t.is_empty());
+        assert_eq!(t.lookup(&key(1, 1), 0), Decision::Local);
+        assert_eq!(
+            t.lookup(&key(2, 1), 0),
+            Decision::Forward {
+                link: link("a-b"),
+                label: 0
+            }
+        );
+        assert_eq!(t.lookup(&key(3, 1), 0), Decision::Drop(DropReason::NoRoute));
+    }
+
+    #[test]
+    fn labels_take_precedence_over_everything() {
+        let t = node_a();
+        // Destination 2 has a route, and UDP matches a flow rule, but the label wins.
+        let mut k = key(2, 1);
+        k.protocol = PROTO_UDP;
+        assert_eq!(
+            t.lookup(&k, 9),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 9
+            }
+        );
+        assert_eq!(t.lookup(&k, 8), Decision::Local);
+        assert_eq!(t.lookup(&k, 1234), Decision::Drop(DropReason::UnknownLabel));
+    }
+
+    #[test]
+    fn flow_rules_pin_flows_to_label_routes() {
+        let t = node_a();
+        // First rule: dst 198.18.0.4, port 5201 -> label 9 via a-d.
+        assert_eq!(
+            t.lookup(
+                &FlowKey {
+                    dst_port: 5201,
+                    ..key(4, 1)
+                },
+                0
+            ),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 9
+            }
+        );
+        // Second rule: any UDP -> label 7 via a-c, even to a destination with no route.
+        let udp = FlowKey {
+            protocol: PROTO_UDP,
+            ..key(99, 1)
+        };
+        assert_eq!(
+            t.lookup(&udp, 0),
+            Decision::Forward {
+                link: link("a-c"),
+                label: 7
+            }
+        );
+        // Both match: the first rule wins.
+        let both = FlowKey {
+            protocol: PROTO_UDP,
+            dst_port: 5201,
+            ..key(4, 1)
+        };
+        assert_eq!(
+            t.lookup(&both, 0),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 9
+            }
+        );
+        // Neither matches: destination routing.
+        assert_eq!(
+            t.lookup(&key(2, 1), 0),
+            Decision::Forward {
+                link: link("a-b"),
+                label: 0
+            }
+        );
+    }
+
+    #[test]
+    fn flow_rule_to_a_local_label_delivers_locally() {
+        let t = build(pb::RouteTable {
+            labels: vec![label(3, "")],
+            flow_rules: vec![pb::FlowRule {
+                src_port: 1,
+                route_id: 3,
+                ..Default::default()
+            }],
+            ..Default::default()
+        });
+        assert_eq!(t.lookup(&key(50, 1), 0), Decision::Local);
+        assert_eq!(
+            t.lookup(&key(50, 2), 0),
+            Decision::Drop(DropReason::NoRoute)
+        );
+    }
+
+    #[test]
+    fn flow_rule_fields_each_filter() {
+        let base = FlowKey {
+            src: addr(1),
+            dst: addr(2),
+            protocol: PROTO_TCP,
+            src_port: 1000,
+            dst_port: 80,
+        };
+        let rule = pb::FlowRule {
+            src_addr: addr(1).to_string(),
+            dst_addr: addr(2).to_string(),
+            src_port: 1000,
+            dst_port: 80,
+            protocol: u32::from(PROTO_TCP),
+            route_id: 7,
+        };
+        let t = build(pb::RouteTable {
+            labels: vec![label(7, "a-c")],
+            flow_rules: vec![rule],
+            ..Default::default()
+        });
+        let pinned = Decision::Forward {
+            link: link("a-c"),
+            label: 7,
+        };
+        assert_eq!(t.lookup(&base, 0), pinned);
+        let misses = [
+            FlowKey {
+                src: addr(9),
+                ..base
+            },
+            FlowKey {
+                dst: addr(9),
+                ..base
+            },
+            FlowKey {
+                src_port: 1001,
+                ..base
+            },
+            FlowKey {
+                dst_port: 81,
+                ..base
+            },
+            FlowKey {
+                protocol: PROTO_UDP,
+                ..base
+            },
+        ];
+        for k in misses {
+            assert_eq!(
+                t.lookup(&k, 0),
+                Decision::Drop(DropReason::NoRoute),
+                "{k:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn ipv6_destinations() {
+        let v6: IpAddr = "2001:db8::4".parse::<Ipv6Addr>().expect("addr").into();
+        let t = build(pb::RouteTable {
+            destinations: vec![pb::DestinationRoute {
+                node: "d".into(),
+                overlay_addr: v6.to_string(),
+                next_hops: vec![pb::NextHop {
+                    link: "a-d".into(),
+                    weight: 0,
+                }],
+            }],
+            ..Default::default()
+        });
+        let k = FlowKey {
+            src: v6,
+            dst: v6,
+            protocol: PROTO_TCP,
+            src_port: 1,
+            dst_port: 2,
+        };
+        assert_eq!(
+            t.lookup(&k, 0),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 0
+            }
+        );
+    }
+
+    #[test]
+    fn multipath_is_stable_per_flow() {
+        let t = node_a();
+        let rebuilt = node_a();
+        for k in random_flows(1000, 4, 1) {
+            let k = FlowKey {
+                dst_port: k.dst_port.max(5202),
+                protocol: PROTO_TCP,
+                ..k
+            };
+            let first = t.lookup(&k, 0);
+            assert!(matches!(first, Decision::Forward { label: 0, .. }));
+            assert_eq!(t.lookup(&k, 0), first);
+            // Same answer from an independently built table: nothing per-process.
+            assert_eq!(rebuilt.lookup(&k, 0), first);
+        }
+    }
+
+    fn split(t: &RouteTable<usize>, flows: &[FlowKey]) -> HashMap<usize, usize> {
+        let mut counts = HashMap::new();
+        for k in flows {
+            match t.lookup(k, 0) {
+                Decision::Forward { link, label: 0 } => *counts.entry(link).or_insert(0) += 1,
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        counts
+    }
+
+    #[test]
+    fn multipath_respects_weights() {
+        let t = build(pb::RouteTable {
+            destinations: vec![dest("d", 4, &[("a-b", 1), ("a-c", 3)])],
+            ..Default::default()
+        });
+        let counts = split(&t, &random_flows(10_000, 4, 2));
+        let share = counts[&link("a-c")] as f64 / 10_000.0;
+        assert!(
+            (share - 0.75).abs() < 0.02,
+            "a-c share {share}, counts {counts:?}"
+        );
+        assert_eq!(counts.values().sum::<usize>(), 10_000);
+    }
+
+    #[test]
+    fn multipath_zero_weights_split_evenly() {
+        let t = build(pb::RouteTable {
+            destinations: vec![dest("d", 4, &[("a-b", 0), ("a-c", 0), ("a-d", 0)])],
+            ..Default::default()
+        });
+        let counts = split(&t, &random_flows(9_000, 4, 3));
+        for l in ["a-b", "a-c", "a-d"] {
+            let c = counts[&link(l)];
+            assert!((2800..3200).contains(&c), "{l}: {counts:?}");
+        }
+    }
+
+    #[test]
+    fn multipath_choices_at_successive_nodes_are_independent() {
+        // a splits evenly to b and c; b splits evenly to d and e. Without a per-node
+        // salt the flows b receives would all fall into one half of b's split.
+        let a = build(pb::RouteTable {
+            destinations: vec![dest("z", 9, &[("a-b", 1), ("a-c", 1)])],
+            ..Default::default()
+        });
+        let b = build(pb::RouteTable {
+            destinations: vec![dest("z", 9, &[("b-d", 1), ("b-e", 1)])],
+            ..Default::default()
+        });
+        let at_b: Vec<FlowKey> = random_flows(10_000, 9, 4)
+            .into_iter()
+            .filter(|k| {
+                a.lookup(k, 0)
+                    == Decision::Forward {
+                        link: link("a-b"),
+                        label: 0,
+                    }
+            })
+            .collect();
+        let counts = split(&b, &at_b);
+        let share = counts.get(&link("b-d")).copied().unwrap_or(0) as f64 / at_b.len() as f64;
+        assert!(
+            (share - 0.5).abs() < 0.03,
+            "b-d share {share} of {} flows",
+            at_b.len()
+        );
+    }
+
+    #[test]
+    fn handles_are_cloned_not_moved() {
+        // A non-Copy handle type, as the agent's link senders are.
+        let t = RouteTable::from_proto(
+            &pb::RouteTable {
+                destinations: vec![dest("b", 2, &[("a-b", 1)])],
+                ..Default::default()
+            },
+            |name| Some(std::sync::Arc::new(name.to_owned())),
+        )
+        .expect("valid");
+        for _ in 0..2 {
+            match t.lookup(&key(2, 1), 0) {
+                Decision::Forward { link, .. } => assert_eq!(link.as_str(), "a-b"),
+                other => panic!("{other:?}"),
+            }
+        }
+    }
+
+    fn build_err(table: pb::RouteTable) -> RouteError {
+        RouteTable::from_proto(&table, resolve).expect_err("invalid table")
+    }
+
+    #[test]
+    fn errors_name_the_culprit() {
+        let err = build_err(pb::RouteTable {
+            destinations: vec![dest("b", 2, &[("a-zz", 1)])],
+            ..Default::default()
+        });
+        assert_eq!(
+            err,
+            RouteError::UnknownLink {
+                link: "a-zz".into(),
+                used_by: "destination route to `b` (198.18.0.2)".into()
+            }
+        );
+        assert!(err.to_string().contains("a-zz"), "{err}");
+
+        let err = build_err(pb::RouteTable {
+            destinations: vec![dest("b", 2, &[("a-b", 1), ("nope", 1)])],
+            ..Default::default()
+        });
+        assert!(
+            matches!(&err, RouteError::UnknownLink { link, .. } if link == "nope"),
+            "{err}"
+        );
+
+        let err = build_err(pb::RouteTable {
+            labels: vec![label(4, "gone")],
+            ..Default::default()
+        });
+        assert_eq!(
+            err,
+            RouteError::UnknownLink {
+                link: "gone".into(),
+                used_by: "label route 4".into()
+            }
+        );
+
+        let mut bad = dest("b", 2, &[]);
+        bad.overlay_addr = "198.18.0.300".into();
+        let err = build_err(pb::RouteTable {
+            destinations: vec![bad],
+            ..Default::default()
+        });
+        assert_eq!(
+            err,
+            RouteError::BadAddress {
+                addr: "198.18.0.300".into(),
+                used_by: "destination route to `b`".into()
+            }
+        );
+        assert!(err.to_string().contains("198.18.0.300"), "{err}");
+    }
+
+    #[test]
+    fn rejects_duplicates_and_reserved_ids() {
+        let err = build_err(pb::RouteTable {
+            destinations: vec![dest("b", 2, &[]), dest("b2", 2, &[])],
+            ..Default::default()
+        });
+        assert_eq!(err, RouteError::DuplicateDestination(addr(2)));
+        let err = build_err(pb::RouteTable {
+            labels: vec![label(3, ""), label(3, "a-b")],
+            ..Default::default()
+        });
+        assert_eq!(err, RouteError::DuplicateLabel(3));
+        let err = build_err(pb::RouteTable {
+            labels: vec![label(0, "")],
+            ..Default::default()
+        });
+        assert!(matches!(err, RouteError::ZeroRouteId { .. }));
+        let err = build_err(pb::RouteTable {
+            flow_rules: vec![pb::FlowRule::default()],
+            ..Default::default()
+        });
+        assert_eq!(
+            err,
+            RouteError::ZeroRouteId {
+                used_by: "flow rule #0".into()
+            }
+        );
+    }
+
+    #[test]
+    fn rejects_bad_flow_rules() {
+        let with_rule = |rule: pb::FlowRule| pb::RouteTable {
+            labels: vec![label(7, "")],
+            flow_rules: vec![rule],
+            ..Default::default()
+        };
+        let err = build_err(with_rule(pb::FlowRule {
+            route_id: 8,
+            ..Default::default()
+        }));
+        assert_eq!(
+            err,
+            RouteError::RuleWithoutLabel {
+                rule: 0,
+                route_id: 8
+            }
+        );
+        let err = build_err(with_rule(pb::FlowRule {
+            route_id: 7,
+            src_port: 70_000,
+            ..Default::default()
+        }));
+        assert_eq!(
+            err,
+            RouteError::OutOfRange {
+                rule: 0,
+                field: "src_port",
+                value: 70_000
+            }
+        );
+        let err = build_err(with_rule(pb::FlowRule {
+            route_id: 7,
+            dst_port: 65_536,
+            ..Default::default()
+        }));
+        assert_eq!(
+            err,
+            RouteError::OutOfRange {
+                rule: 0,
+                field: "dst_port",
+                value: 65_536
+            }
+        );
+        let err = build_err(with_rule(pb::FlowRule {
+            route_id: 7,
+            protocol: 256,
+            ..Default::default()
+        }));
+        assert_eq!(
+            err,
+            RouteError::OutOfRange {
+                rule: 0,
+                field: "protocol",
+                value: 256
+            }
+        );
+        let err = build_err(with_rule(pb::FlowRule {
+            route_id: 7,
+            src_addr: "10.0.0.0/8".into(),
+            ..Default::default()
+        }));
+        assert_eq!(
+            err,
+            RouteError::BadAddress {
+                addr: "10.0.0.0/8".into(),
+                used_by: "flow rule #0".into()
+            }
+        );
+        // Boundary values are accepted.
+        let ok = with_rule(pb::FlowRule {
+            route_id: 7,
+            src_port: 65_535,
+            protocol: 255,
+            ..Default::default()
+        });
+        assert!(RouteTable::from_proto(&ok, resolve).is_ok());
+    }
+}

@@ -1,0 +1,28 @@
+//! Custom resources of group `nextmini.io`, version `v1alpha1`: `Topology`, `Link`, `Flow`.
+//!
+//! The doc comments become the CRD's field descriptions (`kubectl explain`), so they are
+//! written for users. Schema patterns, ranges and CEL rules reject what the API server
+//! can check on its own; `crate::plan` re-checks everything with better messages for
+//! local mode and for what needs the whole topology (unknown nodes, reachability).
+
+mod common;
+mod flow;
+mod link;
+mod topology;
+
+pub use common::{
+    CidrError, Condition, ConditionStatus, DNS_LABEL_MAX, DNS_LABEL_PATTERN, Ipv4Cidr, Transport,
+};
+pub use flow::{Flow, FlowPhase, FlowSpec, FlowStatus};
+pub use link::{Link, LinkParamsSpec, LinkSpec, LinkStatus};
+pub use topology::{
+    AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
+    NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus,
+};
+
+/// API group of every Nextmini kind.
+pub const GROUP: &str = "nextmini.io";
+/// Version of every Nextmini kind.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` as written in manifests.
+pub const API_VERSION: &str = "nextmini.io/v1alpha1";

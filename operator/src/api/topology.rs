@@ -1,0 +1,289 @@
+//! The `Topology` kind: nodes, dataplane settings, address pools and link defaults.
+
+use super::common::{Condition, DNS_LABEL_PATTERN, Ipv4Cidr, Transport};
+use super::link::LinkParamsSpec;
+use crate::units::{Cpu, Duration, Percent, Rate, Size};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// An emulated network: its nodes, how they are run, and defaults for its links.
+///
+/// Links usually come as separate `Link` objects naming this topology; small topologies
+/// may list them inline under `links`, and `generator` can produce regular shapes.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "nextmini.io",
+    version = "v1alpha1",
+    kind = "Topology",
+    namespaced,
+    status = "TopologyStatus",
+    derive = "PartialEq",
+    shortname = "topo",
+    category = "nextmini",
+    doc = "An emulated network of Nextmini nodes.",
+    printcolumn = r#"{"name": "Nodes", "type": "integer", "description": "Nodes whose agent is connected", "jsonPath": ".status.nodesReady"}"#,
+    printcolumn = r#"{"name": "Links", "type": "integer", "description": "Links that are up", "jsonPath": ".status.linksUp"}"#,
+    printcolumn = r#"{"name": "Ready", "type": "string", "description": "Ready condition", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "description": "Time since creation", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TopologySpec {
+    /// Where virtual nodes run: `netns` (network namespaces, locally or packed into pods)
+    /// or `pod-per-node`.
+    #[serde(default)]
+    pub placement: Placement,
+    /// Settings of every node's dataplane.
+    #[serde(default)]
+    pub dataplane: DataplaneSpec,
+    /// Parameters for links that do not set them themselves.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link_defaults: Option<LinkParamsSpec>,
+    /// Address pools for the overlay (TUN) and underlay (bridge / pod) networks.
+    #[serde(default)]
+    pub addressing: AddressingSpec,
+    /// The nodes, in order; a node's position decides its addresses.
+    #[serde(default)]
+    #[schemars(length(max = 65534))]
+    #[x_kube(merge_strategy = ListMerge::Map(vec!["name".into()]))]
+    pub nodes: Vec<NodeSpec>,
+    /// Links listed inline, for small topologies; `Link` objects may add more.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 10000))]
+    pub links: Vec<InlineLinkSpec>,
+    /// Generates nodes `n0..n{N-1}` (or fat-tree nodes) and their links; nodes listed
+    /// under `nodes` and links from `links` or `Link` objects are added to them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub generator: Option<GeneratorSpec>,
+}
+
+/// Where virtual nodes run.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "kebab-case")]
+pub enum Placement {
+    /// One network namespace and agent process per node (locally, or packed into pods).
+    #[default]
+    Netns,
+    /// One Kubernetes pod per node.
+    PodPerNode,
+}
+
+/// Dataplane settings applied to every node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DataplaneSpec {
+    /// Number of packet-processing tasks per node (1-64).
+    #[serde(default = "default_processors")]
+    #[schemars(range(min = 1, max = 64))]
+    pub processors: u32,
+    /// How flows are spread over processors: `sequential` or `concurrent`.
+    #[serde(default)]
+    pub mapping: Mapping,
+    /// MTU of the TUN device in bytes (576-9000).
+    #[serde(default = "default_mtu")]
+    #[schemars(range(min = 576, max = 9000))]
+    pub mtu: u32,
+}
+
+fn default_processors() -> u32 {
+    2
+}
+
+fn default_mtu() -> u32 {
+    1400
+}
+
+impl Default for DataplaneSpec {
+    fn default() -> Self {
+        DataplaneSpec {
+            processors: default_processors(),
+            mapping: Mapping::default(),
+            mtu: default_mtu(),
+        }
+    }
+}
+
+/// How flows are assigned to processor tasks.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Mapping {
+    /// Each flow sticks to one processor, keeping its packets in order.
+    #[default]
+    Sequential,
+    /// Packets of a flow may be processed by any processor.
+    Concurrent,
+}
+
+/// Address pools. Both default to halves of 198.18.0.0/15, the benchmarking range, so
+/// emulated networks never collide with real ones.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct AddressingSpec {
+    /// Pool of overlay (TUN) addresses; node i gets the (i+1)-th host address.
+    #[serde(default = "default_overlay")]
+    pub overlay: Ipv4Cidr,
+    /// Pool of underlay addresses (namespace bridge); node i gets the (i+1)-th host address.
+    #[serde(default = "default_underlay")]
+    pub underlay: Ipv4Cidr,
+}
+
+fn default_overlay() -> Ipv4Cidr {
+    Ipv4Cidr(ipnet::Ipv4Net::new_assert(
+        std::net::Ipv4Addr::new(198, 18, 0, 0),
+        16,
+    ))
+}
+
+fn default_underlay() -> Ipv4Cidr {
+    Ipv4Cidr(ipnet::Ipv4Net::new_assert(
+        std::net::Ipv4Addr::new(198, 19, 0, 0),
+        17,
+    ))
+}
+
+impl Default for AddressingSpec {
+    fn default() -> Self {
+        AddressingSpec {
+            overlay: default_overlay(),
+            underlay: default_underlay(),
+        }
+    }
+}
+
+/// One virtual node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NodeSpec {
+    /// Node name, a DNS label (lowercase letters, digits, '-'); other nodes reach it by this name.
+    #[schemars(pattern(DNS_LABEL_PATTERN), length(min = 1, max = 63))]
+    pub name: String,
+    /// CPU and memory for the node's agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourcesSpec>,
+}
+
+/// Compute resources of a node.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ResourcesSpec {
+    /// CPU in cores or millicores, e.g. `500m`, `2`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<Cpu>,
+    /// Memory in bytes, e.g. `64Mi`, `1GiB`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<Size>,
+}
+
+/// A link listed inside the Topology.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct InlineLinkSpec {
+    /// Link name; defaults to `<first endpoint>-<second endpoint>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The two nodes joined by the link. The first one dials, the second accepts.
+    #[schemars(
+        length(min = 2, max = 2),
+        inner(pattern(DNS_LABEL_PATTERN), length(max = 63))
+    )]
+    #[x_kube(validation = Rule::new("self.size() != 2 || self[0] != self[1]").message("endpoints must name two different nodes"))]
+    pub endpoints: Vec<String>,
+    /// Bandwidth in bits per second, e.g. `100Mbit`; falls back to `linkDefaults.rate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    /// Token-bucket burst allowed above `rate`, e.g. `64KiB`; falls back to `linkDefaults.burst`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<Size>,
+    /// One-way propagation delay, e.g. `5ms`; falls back to `linkDefaults.delay`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<Duration>,
+    /// Random variation added to `delay`, e.g. `1ms`; falls back to `linkDefaults.jitter`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jitter: Option<Duration>,
+    /// Probability that a frame is dropped, e.g. `0.1%`; falls back to `linkDefaults.loss`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loss: Option<Percent>,
+    /// Queue limit at the sender (`1000pkt` or `1MiB`); falls back to `linkDefaults.queue`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue: Option<Size>,
+    /// `tcp` or `quic`; falls back to `linkDefaults.transport`, then `tcp`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transport: Option<Transport>,
+}
+
+impl InlineLinkSpec {
+    /// The link's own parameters, before falling back to `linkDefaults`.
+    pub fn params(&self) -> LinkParamsSpec {
+        LinkParamsSpec {
+            rate: self.rate,
+            burst: self.burst,
+            delay: self.delay,
+            jitter: self.jitter,
+            loss: self.loss,
+            queue: self.queue,
+            transport: self.transport,
+        }
+    }
+}
+
+/// A regular shape to generate; set exactly one field.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("(has(self.ring) ? 1 : 0) + (has(self.line) ? 1 : 0) + (has(self.star) ? 1 : 0) + (has(self.fatTree) ? 1 : 0) == 1").message("set exactly one of ring, line, star, fatTree"))]
+pub struct GeneratorSpec {
+    /// `n` nodes in a cycle: n0-n1, ..., n{n-1}-n0 (n >= 3).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<CountSpec>,
+    /// `n` nodes in a chain: n0-n1, ..., n{n-2}-n{n-1}.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub line: Option<CountSpec>,
+    /// Hub n0 linked to n1..n{n-1}.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub star: Option<CountSpec>,
+    /// A k-ary fat tree: core-i, agg-p-i, edge-p-i and host-p-e-h nodes (k even).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fat_tree: Option<FatTreeSpec>,
+}
+
+/// Size of a ring, line or star.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CountSpec {
+    /// Number of nodes.
+    #[schemars(range(min = 1, max = 65534))]
+    pub n: u32,
+}
+
+/// Size of a fat tree.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("self.k % 2 == 0").message("k must be even"))]
+pub struct FatTreeSpec {
+    /// Switch port count; even, at least 2. Gives k^3/4 hosts and 5k^2/4 switches.
+    #[schemars(range(min = 2, max = 64))]
+    pub k: u32,
+}
+
+/// Observed state of a Topology.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopologyStatus {
+    /// The `metadata.generation` the status reflects.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Current conditions (`Ready`, `Planned`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// Nodes whose agent is connected to the operator.
+    #[serde(default)]
+    pub nodes_ready: u32,
+    /// Nodes in the plan.
+    #[serde(default)]
+    pub nodes_total: u32,
+    /// Links whose two ends are connected.
+    #[serde(default)]
+    pub links_up: u32,
+    /// Links in the plan.
+    #[serde(default)]
+    pub links_total: u32,
+}

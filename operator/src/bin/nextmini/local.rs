@@ -1,0 +1,359 @@
+//! Local mode's moving parts: the state directory, the private PostgreSQL, the
+//! background hub, the namespace runtime.
+
+use anyhow::{Context, bail};
+use nextmini_operator::hub::Hub;
+use nextmini_operator::localpg::{DEFAULT_PORT, LocalPg};
+use nextmini_operator::runtime::netns::NetnsRuntime;
+use nextmini_operator::runtime::{Runtime, names};
+use nextmini_operator::store::Store;
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct LocalArgs {
+    /// Where local mode keeps its database, credentials, sockets and logs.
+    #[arg(
+        long,
+        global = true,
+        env = "NEXTMINI_STATE_DIR",
+        default_value = "/var/lib/nextmini"
+    )]
+    state_dir: PathBuf,
+    /// Use this PostgreSQL instead of the private one (e.g. postgres://user@host/db).
+    #[arg(long, global = true, env = "NEXTMINI_DATABASE_URL")]
+    database_url: Option<String>,
+    /// Port (socket name) of the private PostgreSQL.
+    #[arg(long, global = true, env = "NEXTMINI_PG_PORT", default_value_t = DEFAULT_PORT)]
+    pg_port: u16,
+}
+
+pub struct Local {
+    pub state_dir: PathBuf,
+    database_url: Option<String>,
+    pg_port: u16,
+}
+
+impl Local {
+    pub fn new(args: LocalArgs) -> anyhow::Result<Local> {
+        let state_dir = if args.state_dir.is_absolute() {
+            args.state_dir
+        } else {
+            std::env::current_dir()?.join(args.state_dir)
+        };
+        Ok(Local {
+            state_dir,
+            database_url: args.database_url,
+            pg_port: args.pg_port,
+        })
+    }
+
+    fn localpg(&self) -> anyhow::Result<LocalPg> {
+        Ok(LocalPg::new(&self.state_dir, self.pg_port)?)
+    }
+
+    pub fn require_root(&self) -> anyhow::Result<()> {
+        if !nix::unistd::geteuid().is_root() {
+            bail!(
+                "local namespace mode needs root (it creates network namespaces and TUN devices); run with sudo"
+            );
+        }
+        Ok(())
+    }
+
+    /// The store, starting the private PostgreSQL first when it is the one in use.
+    pub async fn store(&self) -> anyhow::Result<Store> {
+        let url = match &self.database_url {
+            Some(url) => url.clone(),
+            None => {
+                std::fs::create_dir_all(&self.state_dir)
+                    .with_context(|| format!("creating {}", self.state_dir.display()))?;
+                let pg = self.localpg()?;
+                tokio::task::spawn_blocking(move || pg.ensure_running().map(|()| pg.url()))
+                    .await??
+            }
+        };
+        Store::connect(&url)
+            .await
+            .context("connecting to PostgreSQL")
+    }
+
+    /// The store if the database is already up; `None` when nothing was started.
+    pub async fn existing_store(&self) -> anyhow::Result<Option<Store>> {
+        if self.database_url.is_none() && !self.localpg()?.is_running() {
+            return Ok(None);
+        }
+        Ok(Some(self.store().await?))
+    }
+
+    pub fn hub_socket(&self) -> PathBuf {
+        self.state_dir.join("hub.sock")
+    }
+
+    fn hub_pidfile(&self) -> PathBuf {
+        self.state_dir.join("hub.pid")
+    }
+
+    pub fn runtime(&self) -> anyhow::Result<NetnsRuntime> {
+        Ok(NetnsRuntime {
+            state_dir: self.state_dir.clone(),
+            agent_binary: agent_binary()?,
+            hub: format!("unix:{}", self.hub_socket().display()),
+        })
+    }
+
+    /// Pid of the running background hub, if any.
+    pub fn hub_pid(&self) -> Option<u32> {
+        let pid: u32 = std::fs::read_to_string(self.hub_pidfile())
+            .ok()?
+            .trim()
+            .parse()
+            .ok()?;
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let is_hub = args.first().is_some_and(|a| a.ends_with(b"nextmini"))
+            && args.iter().any(|a| *a == b"hub");
+        is_hub.then_some(pid)
+    }
+
+    /// Starts the hub in the background unless it runs, and waits for its socket.
+    pub fn ensure_hub(&self) -> anyhow::Result<()> {
+        if self.hub_pid().is_some()
+            && std::os::unix::net::UnixStream::connect(self.hub_socket()).is_ok()
+        {
+            return Ok(());
+        }
+        let logs = self.state_dir.join("logs");
+        std::fs::create_dir_all(&logs)?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(logs.join("hub.log"))?;
+        let mut cmd = Command::new(std::env::current_exe()?);
+        cmd.arg("--state-dir").arg(&self.state_dir);
+        cmd.arg("--pg-port").arg(self.pg_port.to_string());
+        if let Some(url) = &self.database_url {
+            cmd.arg("--database-url").arg(url);
+        }
+        let child = cmd
+            .arg("hub")
+            .env(
+                "RUST_LOG",
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .process_group(0)
+            .spawn()
+            .context("starting the hub")?;
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if std::os::unix::net::UnixStream::connect(self.hub_socket()).is_ok() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        bail!(
+            "the hub (pid {}) did not start within 30 s; see {}",
+            child.id(),
+            logs.join("hub.log").display()
+        )
+    }
+
+    /// The hub in the foreground, until SIGTERM or Ctrl-C.
+    pub async fn run_hub(&self) -> anyhow::Result<()> {
+        let store = self.store().await?;
+        std::fs::write(self.hub_pidfile(), std::process::id().to_string())?;
+        let socket = self.hub_socket();
+        tracing::info!(socket = %socket.display(), "hub listening");
+        let served = Hub::new(store).serve_unix(&socket, shutdown_signal()).await;
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(self.hub_pidfile());
+        served
+    }
+
+    fn stop_hub(&self) -> bool {
+        let Some(pid) = self.hub_pid() else {
+            return false;
+        };
+        nextmini_operator::runtime::process::stop(&[pid], Duration::from_secs(3));
+        let _ = std::fs::remove_file(self.hub_pidfile());
+        let _ = std::fs::remove_file(self.hub_socket());
+        true
+    }
+
+    /// Tears down the named topologies, or everything when none is named; stops
+    /// the hub and the private PostgreSQL once no topology is left.
+    pub async fn down(&self, topologies: &[String]) -> anyhow::Result<()> {
+        self.require_root()?;
+        let runtime = self.runtime()?;
+        let store = self.existing_store().await?;
+        if topologies.is_empty() {
+            let removed = runtime.destroy_everything().await?;
+            if let Some(store) = &store {
+                for t in store.topology_names().await? {
+                    store.delete_topology(&t).await?;
+                    println!("removed topology {t}");
+                }
+            }
+            println!(
+                "removed {} agent process(es), {} namespace(s), {} interface(s)",
+                removed.processes, removed.namespaces, removed.links
+            );
+        } else {
+            for t in topologies {
+                let removed = runtime.destroy(t).await?;
+                let existed = match &store {
+                    Some(s) => s.delete_topology(t).await?,
+                    None => false,
+                };
+                if !existed && removed == Default::default() {
+                    println!("topology {t} is not running");
+                } else {
+                    println!(
+                        "removed topology {t}: {} agent process(es), {} namespace(s), {} interface(s)",
+                        removed.processes, removed.namespaces, removed.links
+                    );
+                }
+            }
+        }
+        let remaining = match &store {
+            Some(s) => s.topology_names().await?,
+            None => vec![],
+        };
+        if remaining.is_empty() {
+            drop(store);
+            if self.stop_hub() {
+                println!("stopped the hub");
+            }
+            if self.database_url.is_none() && self.localpg()?.stop()? {
+                println!(
+                    "stopped the private PostgreSQL (data kept in {})",
+                    self.state_dir.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces this process with `ip netns exec <ns> <command>`, which also
+    /// bind-mounts the node's /etc/hosts so node names resolve.
+    pub fn exec(
+        &self,
+        topology: Option<&str>,
+        node: &str,
+        command: &[String],
+    ) -> anyhow::Result<i32> {
+        self.require_root()?;
+        let topology = match topology {
+            Some(t) => t.to_string(),
+            None => self.only_topology_with(node)?,
+        };
+        let ns = names::netns(&topology, node);
+        if !PathBuf::from("/run/netns").join(&ns).exists() {
+            bail!("node {node} of topology {topology} is not running (no namespace {ns})");
+        }
+        let err = Command::new("ip")
+            .args(["netns", "exec", &ns])
+            .args(command)
+            .exec();
+        Err(err).context("running ip netns exec")
+    }
+
+    /// Finds which running topology has a node of that name, from the namespaces
+    /// on this machine (no database needed).
+    fn only_topology_with(&self, node: &str) -> anyhow::Result<String> {
+        let tops: Vec<String> = std::fs::read_dir(self.state_dir.join("credentials"))
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.path().join(node).exists())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default();
+        match tops.as_slice() {
+            [one] => Ok(one.clone()),
+            [] => bail!("no running topology has a node named {node}"),
+            many => bail!(
+                "several topologies have a node named {node} ({}): pick one with --topology",
+                many.join(", ")
+            ),
+        }
+    }
+}
+
+/// `nextmini-agent` next to this binary, or $NEXTMINI_AGENT_BIN.
+fn agent_binary() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("NEXTMINI_AGENT_BIN") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe()?;
+    let sibling = exe.with_file_name("nextmini-agent");
+    if sibling.exists() {
+        return Ok(sibling);
+    }
+    bail!(
+        "nextmini-agent not found next to {} (build it with `cargo build --release`, or set NEXTMINI_AGENT_BIN)",
+        exe.display()
+    )
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+pub enum DbAction {
+    Start,
+    Stop,
+    Url,
+}
+
+impl Local {
+    pub async fn db(&self, action: DbAction) -> anyhow::Result<()> {
+        match action {
+            DbAction::Start => {
+                self.store().await?;
+                println!("PostgreSQL is up: {}", self.database_url()?);
+            }
+            DbAction::Stop => {
+                if self.database_url.is_some() {
+                    bail!(
+                        "an external database is in use (--database-url); nextmini does not manage it"
+                    );
+                }
+                if self.localpg()?.stop()? {
+                    println!("stopped the private PostgreSQL");
+                }
+            }
+            DbAction::Url => println!("{}", self.database_url()?),
+        }
+        Ok(())
+    }
+
+    fn database_url(&self) -> anyhow::Result<String> {
+        Ok(match &self.database_url {
+            Some(u) => u.clone(),
+            None => self.localpg()?.url(),
+        })
+    }
+
+    /// Removes a topology's nodes and rows (used by `up` to replace or roll back).
+    pub async fn remove_topology(&self, store: &Store, topology: &str) -> anyhow::Result<()> {
+        self.runtime()?.destroy(topology).await?;
+        store.delete_topology(topology).await?;
+        Ok(())
+    }
+}

@@ -1,0 +1,134 @@
+//! `nextmini`: the command line. `up -f` runs the whole control plane locally
+//! (plan, private PostgreSQL, hub, namespace runtime) with no Kubernetes.
+
+mod local;
+mod status;
+mod up;
+
+use clap::{Parser, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    version,
+    about = "Nextmini: emulate a network of real applications, on a laptop or a cluster"
+)]
+struct Cli {
+    #[command(flatten)]
+    local: local::LocalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate, plan and start the topologies in a manifest (local namespace mode).
+    Up(up::UpArgs),
+    /// Remove topologies and everything they made; with no name, all of them,
+    /// the hub and the private PostgreSQL.
+    Down {
+        /// Topologies to remove (default: all).
+        topologies: Vec<String>,
+    },
+    /// Show topologies, nodes, agent streams and per-link traffic.
+    Status(status::StatusArgs),
+    /// Run a command inside a virtual node (its network namespace, where node
+    /// names resolve to overlay addresses).
+    Exec {
+        node: String,
+        /// Topology of the node (needed only when several are running).
+        #[arg(short, long)]
+        topology: Option<String>,
+        /// The command and its arguments.
+        #[arg(last = true, required = true)]
+        command: Vec<String>,
+    },
+    /// Validate and plan a manifest without starting anything; print the plan.
+    Plan {
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+    },
+    /// Write the CRDs (Topology, Link, Flow) to crds/nextmini.yaml.
+    Crd {
+        #[arg(long, default_value = "crds")]
+        dir: PathBuf,
+    },
+    /// Run the control hub in the foreground (`up` starts one in the background).
+    Hub {
+        /// Start it in the background unless it runs already, then return.
+        #[arg(long)]
+        background: bool,
+    },
+    /// Manage the private PostgreSQL of local mode.
+    Db {
+        #[command(subcommand)]
+        action: DbAction,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum DbAction {
+    /// Start it (initialising it the first time) and create the schema.
+    Start,
+    /// Stop it; the data stays in the state directory.
+    Stop,
+    /// Print its connection URL (for psql, psycopg or your own tools).
+    Url,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
+    let code = match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            1
+        }
+    };
+    std::process::exit(code);
+}
+
+fn run(cli: Cli) -> anyhow::Result<i32> {
+    let local = local::Local::new(cli.local)?;
+    match cli.command {
+        Command::Crd { dir } => {
+            let path = nextmini_operator::crdgen::write_crds(&dir)?;
+            println!("wrote {}", path.display());
+            Ok(0)
+        }
+        Command::Plan { file } => up::print_plan(&file),
+        Command::Exec {
+            node,
+            topology,
+            command,
+        } => local.exec(topology.as_deref(), &node, &command),
+        command => {
+            let runtime = tokio::runtime::Runtime::new()?;
+            runtime.block_on(async move {
+                match command {
+                    Command::Up(args) => up::up(&local, args).await,
+                    Command::Down { topologies } => local.down(&topologies).await.map(|()| 0),
+                    Command::Status(args) => status::status(&local, args).await,
+                    Command::Hub { background: false } => local.run_hub().await.map(|()| 0),
+                    Command::Hub { background: true } => local.ensure_hub().map(|()| 0),
+                    Command::Db { action } => local
+                        .db(match action {
+                            DbAction::Start => local::DbAction::Start,
+                            DbAction::Stop => local::DbAction::Stop,
+                            DbAction::Url => local::DbAction::Url,
+                        })
+                        .await
+                        .map(|()| 0),
+                    Command::Crd { .. } | Command::Plan { .. } | Command::Exec { .. } => Ok(0),
+                }
+            })
+        }
+    }
+}

@@ -1,0 +1,133 @@
+//! `nextmini status`: topologies, nodes, agent streams and bytes per link.
+
+use crate::local::Local;
+use comfy_table::{Table, presets::UTF8_BORDERS_ONLY};
+use nextmini_operator::store::TopologyStatusRow;
+
+#[derive(clap::Args, Debug)]
+pub struct StatusArgs {
+    /// Topologies to show (default: all).
+    topologies: Vec<String>,
+    /// Output format.
+    #[arg(short, long, value_enum, default_value = "table")]
+    output: Format,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+enum Format {
+    Table,
+    Json,
+}
+
+pub async fn status(local: &Local, args: StatusArgs) -> anyhow::Result<i32> {
+    let Some(store) = local.existing_store().await? else {
+        println!("nothing is running (the private PostgreSQL is stopped)");
+        return Ok(0);
+    };
+    let names = if args.topologies.is_empty() {
+        store.topology_names().await?
+    } else {
+        args.topologies.clone()
+    };
+    let mut rows = Vec::new();
+    for name in &names {
+        match store.status(name).await? {
+            Some(s) => rows.push(s),
+            None => anyhow::bail!("no topology named {name}"),
+        }
+    }
+    let hub = local.hub_pid();
+    match args.output {
+        Format::Json => {
+            let doc = serde_json::json!({ "hub": { "pid": hub }, "topologies": rows });
+            println!("{}", serde_json::to_string_pretty(&doc)?);
+        }
+        Format::Table => {
+            match hub {
+                Some(pid) => println!(
+                    "hub: running (pid {pid}), socket {}",
+                    local.hub_socket().display()
+                ),
+                None => {
+                    println!("hub: not running (agents keep forwarding; `nextmini up` restarts it)")
+                }
+            }
+            if rows.is_empty() {
+                println!("no topologies");
+            }
+            for t in &rows {
+                print_topology(t);
+            }
+        }
+    }
+    Ok(0)
+}
+
+fn print_topology(t: &TopologyStatusRow) {
+    let ready = t
+        .nodes
+        .iter()
+        .filter(|n| n.agent_state == "connected" && n.acked_generation >= t.generation)
+        .count();
+    let up = t.links.iter().filter(|l| l.connected).count();
+    println!(
+        "\ntopology {} (generation {}, runtime {}): nodes ready {ready}/{}, links up {up}/{}",
+        t.name,
+        t.generation,
+        t.runtime,
+        t.nodes.len(),
+        t.links.len()
+    );
+    let mut nodes = Table::new();
+    nodes.load_preset(UTF8_BORDERS_ONLY);
+    nodes.set_header(["NODE", "OVERLAY", "UNDERLAY", "STREAM", "PID", "GENERATION"]);
+    for n in &t.nodes {
+        nodes.add_row([
+            n.name.clone(),
+            n.overlay_addr.clone(),
+            n.underlay_addr.clone(),
+            n.agent_state.clone(),
+            n.pid.map(|p| p.to_string()).unwrap_or_default(),
+            n.acked_generation.to_string(),
+        ]);
+    }
+    println!("{nodes}");
+    let mut links = Table::new();
+    links.load_preset(UTF8_BORDERS_ONLY);
+    links.set_header([
+        "LINK",
+        "ENDPOINTS",
+        "TRANSPORT",
+        "STATE",
+        "BYTES →",
+        "BYTES ←",
+        "DROPS",
+    ]);
+    for l in &t.links {
+        links.add_row([
+            l.name.clone(),
+            format!("{} → {}", l.dialer, l.acceptor),
+            l.transport.clone(),
+            if l.connected { "up" } else { "down" }.to_string(),
+            human_bytes(l.bytes_forward),
+            human_bytes(l.bytes_backward),
+            l.drops.to_string(),
+        ]);
+    }
+    println!("{links}");
+}
+
+fn human_bytes(n: i64) -> String {
+    const UNITS: [&str; 5] = ["B", "KB", "MB", "GB", "TB"];
+    let mut v = n as f64;
+    let mut unit = 0;
+    while v >= 1000.0 && unit < UNITS.len() - 1 {
+        v /= 1000.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{n} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}

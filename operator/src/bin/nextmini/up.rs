@@ -1,0 +1,202 @@
+//! `nextmini up -f`: validate → plan → store → start nodes → wait for every agent
+//! to run its snapshot. Validation happens before anything is created; a failure
+//! after that removes what this run made.
+
+use crate::local::Local;
+use anyhow::{Context, bail};
+use indicatif::{ProgressBar, ProgressStyle};
+use nextmini_operator::plan::{self, Plan};
+use nextmini_operator::runtime::Runtime;
+use sha2::{Digest, Sha256};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(clap::Args, Debug)]
+pub struct UpArgs {
+    /// Manifest with Topology, Link and Flow documents.
+    #[arg(short = 'f', long = "file")]
+    file: PathBuf,
+    /// How long to wait for every agent to be ready.
+    #[arg(long, default_value = "120")]
+    timeout_secs: u64,
+}
+
+/// Reads and plans a manifest; errors name the document, the field and the reason.
+pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
+    let bytes = std::fs::read(file).with_context(|| format!("reading {}", file.display()))?;
+    let text = String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{}: not UTF-8 (invalid byte at offset {})",
+            file.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })?;
+    let source = file
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| file.display().to_string());
+    let manifest = plan::parse_manifest(&source, &text).map_err(invalid)?;
+    let plans = plan::plan_manifest(&manifest).map_err(invalid)?;
+    if plans.is_empty() {
+        bail!("{source}: no Topology document");
+    }
+    Ok((text, plans))
+}
+
+fn invalid(errors: plan::ValidationErrors) -> anyhow::Error {
+    anyhow::anyhow!("invalid manifest, nothing was created:\n{errors}")
+}
+
+pub fn print_plan(file: &Path) -> anyhow::Result<i32> {
+    let (_, plans) = load(file)?;
+    for p in &plans {
+        println!(
+            "topology {} ({} nodes, {} links)",
+            p.topology,
+            p.nodes.len(),
+            p.links.len()
+        );
+        for n in &p.nodes {
+            println!(
+                "  node {:<12} overlay {:<15} underlay {}",
+                n.name, n.overlay, n.underlay
+            );
+        }
+        for l in &p.links {
+            println!("  link {:<12} {} dials {}", l.name, l.dialer, l.acceptor);
+        }
+    }
+    Ok(0)
+}
+
+pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
+    let (source, plans) = load(&args.file)?;
+    local.require_root()?;
+    let store = local.store().await?;
+    local.ensure_hub()?;
+    let runtime = local.runtime()?;
+    for plan in &plans {
+        let topology = &plan.topology;
+        if store.generation(topology).await?.is_some() {
+            println!("replacing running topology {topology}");
+        }
+        // Also clears what a crashed earlier run may have left.
+        local.remove_topology(&store, topology).await?;
+
+        let credentials: BTreeMap<String, String> = plan
+            .nodes
+            .iter()
+            .map(|n| (n.name.clone(), hex::encode(rand::random::<[u8; 32]>())))
+            .collect();
+        let hashes = credentials
+            .iter()
+            .map(|(n, c)| (n.clone(), hex::encode(Sha256::digest(c.as_bytes()))))
+            .collect();
+        let generation = store.apply_plan(plan, "netns", &source, &hashes).await?;
+
+        let bar = progress_bar(
+            plan.nodes.len() as u64,
+            &format!("{topology}: starting nodes"),
+        );
+        let created = runtime
+            .create(plan, &credentials, &|_node: &str| bar.inc(1))
+            .await;
+        bar.finish_and_clear();
+        let pids = match created {
+            Ok(p) => p,
+            Err(e) => {
+                local.remove_topology(&store, topology).await?;
+                return Err(anyhow::Error::new(e).context(format!(
+                    "starting topology {topology} failed; everything it made was removed"
+                )));
+            }
+        };
+        for (node, pid) in &pids {
+            store
+                .set_node_pid(topology, node, Some(*pid as i32))
+                .await?;
+        }
+        if let Err(e) = wait_ready(
+            local,
+            &store,
+            plan,
+            generation,
+            Duration::from_secs(args.timeout_secs),
+        )
+        .await
+        {
+            eprintln!("{e:#}");
+            eprintln!(
+                "the topology is left running for inspection; `nextmini down {topology}` removes it"
+            );
+            return Ok(1);
+        }
+        println!(
+            "topology {topology} is up: {} nodes, {} links (generation {generation})",
+            plan.nodes.len(),
+            plan.links.len()
+        );
+        for n in &plan.nodes {
+            println!("  {:<12} {}", n.name, n.overlay);
+        }
+        if let (Some(first), Some(last)) = (plan.nodes.first(), plan.nodes.last()) {
+            println!(
+                "try: nextmini exec {} -- ping -c 3 {}",
+                first.name, last.name
+            );
+        }
+    }
+    Ok(0)
+}
+
+async fn wait_ready(
+    local: &Local,
+    store: &nextmini_operator::store::Store,
+    plan: &Plan,
+    generation: i64,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let topology = &plan.topology;
+    let bar = progress_bar(
+        plan.nodes.len() as u64,
+        &format!("{topology}: agents ready"),
+    );
+    let deadline = Instant::now() + timeout;
+    loop {
+        let (ready, total) = store.ack_progress(topology, generation).await?;
+        bar.set_position(ready as u64);
+        if ready == total {
+            bar.finish_and_clear();
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bar.finish_and_clear();
+            let status = store.status(topology).await?;
+            let waiting: Vec<String> = status
+                .map(|s| {
+                    s.nodes
+                        .into_iter()
+                        .filter(|n| n.acked_generation < generation || n.agent_state != "connected")
+                        .map(|n| n.name)
+                        .collect()
+                })
+                .unwrap_or_default();
+            bail!(
+                "{ready}/{total} agents of {topology} ready after {timeout:?}; waiting for: {} (logs in {})",
+                waiting.join(", "),
+                local.runtime()?.log_dir(topology).display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn progress_bar(len: u64, message: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
+        bar.set_style(style.progress_chars("=> "));
+    }
+    bar.set_message(message.to_string());
+    bar
+}

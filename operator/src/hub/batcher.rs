@@ -1,0 +1,70 @@
+//! Collects counter reports from all sessions and writes them in batches, so a
+//! thousand agents reporting every 100 ms cost a few statements, not thousands.
+
+use crate::store::{CounterRow, Store};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+const MAX_BATCH: usize = 4096;
+const FLUSH_EVERY: Duration = Duration::from_millis(200);
+
+#[derive(Clone)]
+pub struct CounterBatcher {
+    tx: mpsc::Sender<Vec<CounterRow>>,
+}
+
+impl CounterBatcher {
+    pub fn spawn(store: Store) -> CounterBatcher {
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(run(store, rx));
+        CounterBatcher { tx }
+    }
+
+    /// Queues rows; waits when the writer is behind, which slows the reporting
+    /// session's stream instead of dropping counters.
+    pub async fn push(&self, rows: Vec<CounterRow>) {
+        if self.tx.send(rows).await.is_err() {
+            tracing::warn!("counter writer has stopped; report dropped");
+        }
+    }
+}
+
+async fn run(store: Store, mut rx: mpsc::Receiver<Vec<CounterRow>>) {
+    let mut pending: Vec<CounterRow> = Vec::new();
+    let mut tick = tokio::time::interval(FLUSH_EVERY);
+    loop {
+        tokio::select! {
+            rows = rx.recv() => match rows {
+                Some(rows) => {
+                    pending.extend(rows);
+                    if pending.len() >= MAX_BATCH {
+                        flush(&store, &mut pending).await;
+                    }
+                }
+                None => {
+                    flush(&store, &mut pending).await;
+                    return;
+                }
+            },
+            _ = tick.tick() => flush(&store, &mut pending).await,
+        }
+    }
+}
+
+async fn flush(store: &Store, pending: &mut Vec<CounterRow>) {
+    if pending.is_empty() {
+        return;
+    }
+    match store.record_counters(pending).await {
+        Ok(()) => pending.clear(),
+        Err(e) => {
+            // Keep the rows (counters are cumulative, only the latest matters) and
+            // retry on the next tick; bound the buffer so an outage cannot grow it.
+            tracing::warn!(error = %e, rows = pending.len(), "writing counters failed; will retry");
+            if pending.len() > 4 * MAX_BATCH {
+                let excess = pending.len() - 4 * MAX_BATCH;
+                pending.drain(..excess);
+            }
+        }
+    }
+}

@@ -1,0 +1,188 @@
+//! Gathers what belongs to each topology (its own nodes and inline links, generated
+//! ones, `Link` and `Flow` objects naming it) into one draft, remembering for every item
+//! the document and field it came from so later errors can point there.
+
+use super::address;
+use super::errors::ValidationErrors;
+use super::generate::Shape;
+use super::parse::{Doc, Manifest};
+use crate::api::{Flow, Link, LinkParamsSpec, ResourcesSpec, Topology};
+use std::collections::HashMap;
+
+/// A topology with the Link and Flow objects that name it.
+pub(crate) struct Group<'a> {
+    pub topology: &'a Doc<Topology>,
+    pub links: Vec<&'a Doc<Link>>,
+    pub flows: Vec<&'a Doc<Flow>>,
+}
+
+pub(crate) struct DraftNode<'a> {
+    pub name: String,
+    pub resources: Option<&'a ResourcesSpec>,
+    /// Field naming the node, e.g. `spec.nodes[2].name` or `spec.generator.ring`.
+    pub field: String,
+}
+
+pub(crate) struct DraftLink<'a> {
+    pub name: String,
+    pub document: &'a str,
+    /// Field to blame for a duplicate name.
+    pub name_field: String,
+    pub endpoints: Vec<String>,
+    pub endpoints_field: String,
+    /// The link's own parameters, before `linkDefaults`.
+    pub params: LinkParamsSpec,
+    /// Prefix of the parameter fields, e.g. `spec` or `spec.links[1]`.
+    pub params_field: String,
+}
+
+pub(crate) struct Draft<'a> {
+    pub name: &'a str,
+    pub doc: &'a Doc<Topology>,
+    pub nodes: Vec<DraftNode<'a>>,
+    pub links: Vec<DraftLink<'a>>,
+    pub flows: Vec<&'a Doc<Flow>>,
+}
+
+pub(crate) fn name_of<T: kube::Resource>(object: &T) -> &str {
+    object.meta().name.as_deref().unwrap_or_default()
+}
+
+/// Attaches Links and Flows to their topology by `spec.topology`.
+pub(crate) fn group<'a>(m: &'a Manifest, errors: &mut ValidationErrors) -> Vec<Group<'a>> {
+    let mut groups: Vec<Group> = Vec::new();
+    let mut by_name: HashMap<&str, usize> = HashMap::new();
+    for doc in &m.topologies {
+        let name = name_of(&doc.object);
+        if let Some(&first) = by_name.get(name) {
+            let first = &groups[first].topology.origin;
+            errors.push(
+                &doc.origin,
+                "metadata.name",
+                format!("duplicate Topology {name:?} (also {first})"),
+            );
+            continue;
+        }
+        by_name.insert(name, groups.len());
+        groups.push(Group {
+            topology: doc,
+            links: Vec::new(),
+            flows: Vec::new(),
+        });
+    }
+    let unknown = |origin: &str, topology: &str, errors: &mut ValidationErrors| {
+        errors.push(
+            origin,
+            "spec.topology",
+            format!("no Topology {topology:?} in the manifest"),
+        );
+    };
+    for doc in &m.links {
+        match by_name.get(doc.object.spec.topology.as_str()) {
+            Some(&i) => groups[i].links.push(doc),
+            None => unknown(&doc.origin, &doc.object.spec.topology, errors),
+        }
+    }
+    for doc in &m.flows {
+        match by_name.get(doc.object.spec.topology.as_str()) {
+            Some(&i) => groups[i].flows.push(doc),
+            None => unknown(&doc.origin, &doc.object.spec.topology, errors),
+        }
+    }
+    groups
+}
+
+/// Lists the topology's nodes (generated first, then listed) and links (generated,
+/// inline, then Link objects). Generator problems are reported here because a bad
+/// generator produces nothing to validate further.
+pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Draft<'a> {
+    let doc = group.topology;
+    let spec = &doc.object.spec;
+    let origin = doc.origin.as_str();
+    let mut draft = Draft {
+        name: name_of(&doc.object),
+        doc,
+        nodes: Vec::new(),
+        links: Vec::new(),
+        flows: group.flows.clone(),
+    };
+
+    if let Some(generator) = &spec.generator {
+        match Shape::of(generator) {
+            Err(reason) => errors.push(origin, "spec.generator", reason),
+            Ok(shape) => {
+                let capacity = address::capacity(&spec.addressing);
+                if let Err(reason) = shape.check() {
+                    errors.push(origin, shape.field(), reason);
+                } else if shape.node_count() > capacity {
+                    // Refuse before generating: a typo like k: 400 must not allocate millions of names.
+                    errors.push(
+                        origin,
+                        shape.field(),
+                        address::too_many(shape.node_count(), &spec.addressing),
+                    );
+                } else {
+                    let generated = shape.generate();
+                    let field = shape.path();
+                    draft
+                        .nodes
+                        .extend(generated.nodes.into_iter().map(|name| DraftNode {
+                            name,
+                            resources: None,
+                            field: field.to_owned(),
+                        }));
+                    draft
+                        .links
+                        .extend(generated.links.into_iter().map(|(a, b)| DraftLink {
+                            name: format!("{a}-{b}"),
+                            document: origin,
+                            name_field: field.to_owned(),
+                            endpoints: vec![a, b],
+                            endpoints_field: field.to_owned(),
+                            params: LinkParamsSpec::default(),
+                            params_field: field.to_owned(),
+                        }));
+                }
+            }
+        }
+    }
+
+    draft
+        .nodes
+        .extend(spec.nodes.iter().enumerate().map(|(i, node)| DraftNode {
+            name: node.name.clone(),
+            resources: node.resources.as_ref(),
+            field: format!("spec.nodes[{i}].name"),
+        }));
+
+    draft
+        .links
+        .extend(spec.links.iter().enumerate().map(|(i, link)| {
+            let prefix = format!("spec.links[{i}]");
+            let (name, name_field) = match &link.name {
+                Some(name) => (name.clone(), format!("{prefix}.name")),
+                // The default name derives from the endpoints, so blame them for duplicates.
+                None => (link.endpoints.join("-"), format!("{prefix}.endpoints")),
+            };
+            DraftLink {
+                name,
+                document: origin,
+                name_field,
+                endpoints: link.endpoints.clone(),
+                endpoints_field: format!("{prefix}.endpoints"),
+                params: link.params(),
+                params_field: prefix,
+            }
+        }));
+
+    draft.links.extend(group.links.iter().map(|doc| DraftLink {
+        name: name_of(&doc.object).to_owned(),
+        document: doc.origin.as_str(),
+        name_field: "metadata.name".to_owned(),
+        endpoints: doc.object.spec.endpoints.clone(),
+        endpoints_field: "spec.endpoints".to_owned(),
+        params: doc.object.spec.params(),
+        params_field: "spec".to_owned(),
+    }));
+    draft
+}

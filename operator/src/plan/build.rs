@@ -1,0 +1,130 @@
+//! Turns a validated draft into a `Plan`. Runs only after validation found nothing, so
+//! the fallbacks below are never taken; they exist so no user input can panic here.
+
+use super::address;
+use super::assemble::{Draft, name_of};
+use super::model::{
+    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode,
+    Resources, Transport,
+};
+use crate::api;
+use crate::units::Size;
+
+impl From<api::Placement> for Placement {
+    fn from(p: api::Placement) -> Self {
+        match p {
+            api::Placement::Netns => Placement::Netns,
+            api::Placement::PodPerNode => Placement::PodPerNode,
+        }
+    }
+}
+
+impl From<api::Mapping> for Mapping {
+    fn from(m: api::Mapping) -> Self {
+        match m {
+            api::Mapping::Sequential => Mapping::Sequential,
+            api::Mapping::Concurrent => Mapping::Concurrent,
+        }
+    }
+}
+
+impl From<api::Transport> for Transport {
+    fn from(t: api::Transport) -> Self {
+        match t {
+            api::Transport::Tcp => Transport::Tcp,
+            api::Transport::Quic => Transport::Quic,
+        }
+    }
+}
+
+/// Queue limit in packets; a byte limit becomes the packets of `mtu` bytes it holds,
+/// rounded up so a non-zero limit never becomes zero.
+fn queue_packets(queue: Size, mtu: u32) -> u32 {
+    let packets = match queue {
+        Size::Packets(p) => p,
+        Size::Bytes(b) => b.div_ceil(u64::from(mtu.max(1))),
+    };
+    u32::try_from(packets).unwrap_or(u32::MAX)
+}
+
+pub(crate) fn plan(draft: &Draft) -> Plan {
+    let spec = &draft.doc.object.spec;
+    let overlay = spec.addressing.overlay.0;
+    let underlay = spec.addressing.underlay.0;
+    let dataplane = Dataplane {
+        processors: spec.dataplane.processors,
+        mapping: spec.dataplane.mapping.into(),
+        mtu: spec.dataplane.mtu,
+    };
+
+    let nodes = draft
+        .nodes
+        .iter()
+        .enumerate()
+        .map(|(i, node)| {
+            let index = u32::try_from(i).unwrap_or(u32::MAX);
+            PlannedNode {
+                name: node.name.clone(),
+                index,
+                overlay: address::assign(overlay, index),
+                underlay: address::assign(underlay, index),
+                resources: Resources {
+                    cpu_millis: node.resources.and_then(|r| r.cpu).map(|c| c.millis()),
+                    memory_bytes: node.resources.and_then(|r| r.memory).and_then(Size::bytes),
+                },
+            }
+        })
+        .collect();
+
+    let defaults = spec.link_defaults.clone().unwrap_or_default();
+    let mut links: Vec<PlannedLink> = draft
+        .links
+        .iter()
+        .map(|link| {
+            let p = link.params.with_defaults(&defaults);
+            let endpoint = |i: usize| link.endpoints.get(i).cloned().unwrap_or_default();
+            PlannedLink {
+                name: link.name.clone(),
+                dialer: endpoint(0),
+                acceptor: endpoint(1),
+                transport: p.transport.map_or(Transport::Tcp, Transport::from),
+                params: LinkParams {
+                    rate_bps: p.rate.map(|r| r.bps()),
+                    delay: p.delay.map(|d| d.as_std()),
+                    jitter: p.jitter.map(|d| d.as_std()),
+                    loss_ppm: p.loss.map(|l| l.ppm()),
+                    queue_packets: p.queue.map(|q| queue_packets(q, dataplane.mtu)),
+                },
+            }
+        })
+        .collect();
+    links.sort_by(|a, b| a.name.cmp(&b.name));
+
+    let mut flows: Vec<PlannedFlow> = draft
+        .flows
+        .iter()
+        .map(|doc| {
+            let f = &doc.object.spec;
+            PlannedFlow {
+                name: name_of(&doc.object).to_owned(),
+                src: f.src.clone(),
+                dst: f.dst.clone(),
+                size_bytes: f.size.and_then(Size::bytes),
+                count: f.count,
+                path: f.path.clone(),
+            }
+        })
+        .collect();
+    flows.sort_by(|a, b| a.name.cmp(&b.name));
+
+    Plan {
+        topology: draft.name.to_owned(),
+        overlay,
+        underlay,
+        placement: spec.placement.into(),
+        dataplane,
+        nodes,
+        links,
+        flows,
+    }
+}

@@ -1,0 +1,41 @@
+//! Pure validation and planning: YAML text -> `Manifest` -> `Plan`s, plus routing.
+//! No I/O, no Kubernetes client; local mode and the controllers share all of it.
+
+mod address;
+mod assemble;
+mod build;
+mod errors;
+mod generate;
+pub mod model;
+mod parse;
+mod routes;
+mod validate;
+
+#[cfg(test)]
+mod tests;
+
+pub use errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};
+pub use model::*;
+pub use parse::{Doc, Manifest, parse_manifest};
+pub use routes::{next_hops, path_links};
+pub use validate::dns_label_problem;
+
+/// Validates every Topology in the manifest together with the Links and Flows that name
+/// it, and plans the valid ones. All problems of all topologies are reported together;
+/// plans come back only when there are none, in manifest order, each with its links and
+/// flows sorted by name. Objects are matched by name only: callers reading from a
+/// cluster build one manifest per namespace.
+pub fn plan_manifest(m: &Manifest) -> Result<Vec<Plan>, ValidationErrors> {
+    let mut errors = ValidationErrors::default();
+    let groups = assemble::group(m, &mut errors);
+    let mut plans = Vec::with_capacity(groups.len());
+    for group in &groups {
+        let before = errors.len();
+        let draft = assemble::draft(group, &mut errors);
+        validate::check(&draft, &mut errors);
+        if errors.len() == before {
+            plans.push(build::plan(&draft));
+        }
+    }
+    errors.into_result(plans)
+}

@@ -1,0 +1,151 @@
+//! Shortest-path routing over the planned links.
+
+use super::model::{NextHop, Plan};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+
+/// Undirected graph over node indices; adjacency lists are sorted by link name so the
+/// first equally-short choice is always the lowest link name.
+pub(crate) struct Graph<'a> {
+    pub names: Vec<&'a str>,
+    index: HashMap<&'a str, usize>,
+    /// `(peer, link name)` per node.
+    adjacency: Vec<Vec<(usize, &'a str)>>,
+}
+
+const UNREACHED: usize = usize::MAX;
+
+impl<'a> Graph<'a> {
+    /// Links naming unknown nodes are ignored; validation reports them separately.
+    pub fn new(
+        nodes: impl IntoIterator<Item = &'a str>,
+        links: impl IntoIterator<Item = (&'a str, &'a str, &'a str)>,
+    ) -> Self {
+        let names: Vec<&str> = nodes.into_iter().collect();
+        let index: HashMap<&str, usize> = names.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let mut adjacency = vec![Vec::new(); names.len()];
+        for (link, a, b) in links {
+            if let (Some(&ia), Some(&ib)) = (index.get(a), index.get(b)) {
+                adjacency[ia].push((ib, link));
+                adjacency[ib].push((ia, link));
+            }
+        }
+        for peers in &mut adjacency {
+            peers.sort_by(|x, y| x.1.cmp(y.1).then(x.0.cmp(&y.0)));
+        }
+        Graph {
+            names,
+            index,
+            adjacency,
+        }
+    }
+
+    pub fn from_plan(plan: &'a Plan) -> Self {
+        Graph::new(
+            plan.nodes.iter().map(|n| n.name.as_str()),
+            plan.links
+                .iter()
+                .map(|l| (l.name.as_str(), l.dialer.as_str(), l.acceptor.as_str())),
+        )
+    }
+
+    pub fn index_of(&self, name: &str) -> Option<usize> {
+        self.index.get(name).copied()
+    }
+
+    /// Hop counts from `origin` to every node (`UNREACHED` where there is no path).
+    fn distances(&self, origin: usize) -> Vec<usize> {
+        let mut dist = vec![UNREACHED; self.names.len()];
+        let mut queue = VecDeque::new();
+        dist[origin] = 0;
+        queue.push_back(origin);
+        while let Some(u) = queue.pop_front() {
+            for &(v, _) in &self.adjacency[u] {
+                if dist[v] == UNREACHED {
+                    dist[v] = dist[u] + 1;
+                    queue.push_back(v);
+                }
+            }
+        }
+        dist
+    }
+
+    /// Connected-component id per node.
+    pub fn components(&self) -> Vec<usize> {
+        let mut component = vec![UNREACHED; self.names.len()];
+        for start in 0..self.names.len() {
+            if component[start] != UNREACHED {
+                continue;
+            }
+            component[start] = start;
+            let mut stack = vec![start];
+            while let Some(u) = stack.pop() {
+                for &(v, _) in &self.adjacency[u] {
+                    if component[v] == UNREACHED {
+                        component[v] = start;
+                        stack.push(v);
+                    }
+                }
+            }
+        }
+        component
+    }
+
+    /// The link joining `a` and `b` directly, if any.
+    pub fn link_between(&self, a: usize, b: usize) -> Option<&'a str> {
+        self.adjacency
+            .get(a)?
+            .iter()
+            .find(|(peer, _)| *peer == b)
+            .map(|(_, link)| *link)
+    }
+}
+
+/// For every node, the next hop towards every reachable node (itself included, with no
+/// link), by fewest hops; ties go to the lowest link name. Destinations appear in node
+/// order. One BFS per destination: O(n·(n+m)).
+pub fn next_hops(plan: &Plan) -> BTreeMap<String, Vec<NextHop>> {
+    let graph = Graph::from_plan(plan);
+    let n = graph.names.len();
+    let mut tables: Vec<Vec<NextHop>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    for dst in 0..n {
+        // Distances *to* dst equal distances from it: links are bidirectional.
+        let dist = graph.distances(dst);
+        for (u, table) in tables.iter_mut().enumerate() {
+            let link = match dist[u] {
+                UNREACHED => continue,
+                0 => None,
+                d => graph.adjacency[u]
+                    .iter()
+                    .find(|(v, _)| dist[*v] == d - 1)
+                    .map(|(_, l)| (*l).to_owned()),
+            };
+            table.push(NextHop {
+                dst: graph.names[dst].to_owned(),
+                link,
+            });
+        }
+    }
+    graph
+        .names
+        .iter()
+        .map(|name| (*name).to_owned())
+        .zip(tables)
+        .collect()
+}
+
+/// Link names along an explicit node path; `None` if two consecutive nodes are not
+/// directly linked, a node is unknown, or the path is empty.
+pub fn path_links(plan: &Plan, path: &[String]) -> Option<Vec<String>> {
+    let graph = Graph::from_plan(plan);
+    let indices = path
+        .iter()
+        .map(|name| graph.index_of(name))
+        .collect::<Option<Vec<_>>>()?;
+    if indices.is_empty() {
+        return None;
+    }
+    indices
+        .windows(2)
+        .map(|pair| graph.link_between(pair[0], pair[1]).map(str::to_owned))
+        .collect()
+}

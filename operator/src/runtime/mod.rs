@@ -1,0 +1,68 @@
+//! Where virtual nodes run. `netns`: each node in its own network namespace on
+//! this machine, joined to a per-topology bridge by a veth, with one agent process
+//! per node (the Nextmini paper's namespace mode). A Kubernetes runtime (pods)
+//! implements the same trait.
+
+pub mod names;
+pub mod netlink;
+pub mod netns;
+pub mod process;
+
+use crate::plan::Plan;
+use std::collections::BTreeMap;
+
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    #[error("netlink: {0}")]
+    Netlink(String),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Conflict(String),
+}
+
+impl RuntimeError {
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> RuntimeError {
+        RuntimeError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}
+
+impl From<rtnetlink::Error> for RuntimeError {
+    fn from(e: rtnetlink::Error) -> Self {
+        RuntimeError::Netlink(e.to_string())
+    }
+}
+
+/// What a tear-down removed, so `down` can say so and tests can assert it.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Removed {
+    pub processes: usize,
+    pub namespaces: usize,
+    pub links: usize,
+}
+
+/// Called once per node as creation progresses, for progress bars.
+pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
+
+#[allow(async_fn_in_trait)]
+pub trait Runtime {
+    /// Creates every node of the plan and starts its agent. `credentials` holds
+    /// each node's secret. On error, whatever was created is left for `destroy`.
+    async fn create(
+        &self,
+        plan: &Plan,
+        credentials: &BTreeMap<String, String>,
+        progress: Progress<'_>,
+    ) -> Result<BTreeMap<String, u32>, RuntimeError>;
+
+    /// Removes everything of the topology this runtime ever made, also what a
+    /// crashed run left behind. Idempotent.
+    async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError>;
+}

@@ -1,0 +1,112 @@
+//! Names of what the netns runtime creates. Interface names are limited to 15
+//! bytes, so a topology is known by a short hash of its name; the fixed-length
+//! hash also makes prefixes unambiguous (topology "line" never matches "line3").
+
+/// Five hex digits of FNV-1a over the topology name.
+pub fn topology_tag(topology: &str) -> String {
+    let mut h: u32 = 0x811c_9dc5;
+    for b in topology.as_bytes() {
+        h ^= u32::from(*b);
+        h = h.wrapping_mul(0x0100_0193);
+    }
+    format!("{:05x}", h & 0xf_ffff)
+}
+
+/// Prefix of every namespace of the topology.
+pub fn netns_prefix(topology: &str) -> String {
+    format!("nm-{}-", topology_tag(topology))
+}
+
+pub fn netns(topology: &str, node: &str) -> String {
+    format!("{}{node}", netns_prefix(topology))
+}
+
+/// Prefix of every host-side interface of the topology.
+pub fn link_prefix(topology: &str) -> String {
+    format!("nm{}", topology_tag(topology))
+}
+
+pub fn bridge(topology: &str) -> String {
+    format!("{}-br", link_prefix(topology))
+}
+
+pub fn veth_host(topology: &str, index: u32) -> String {
+    format!("{}-{index}", link_prefix(topology))
+}
+
+pub fn veth_peer(topology: &str, index: u32) -> String {
+    format!("{}p{index}", link_prefix(topology))
+}
+
+/// Whether a namespace name is one this runtime makes (`nm-<tag>-<node>`).
+pub fn is_ours_netns(name: &str) -> bool {
+    let b = name.as_bytes();
+    b.len() > 9 && name.starts_with("nm-") && is_tag(&b[3..8]) && b[8] == b'-'
+}
+
+/// Whether an interface name is one this runtime makes (`nm<tag>-br`,
+/// `nm<tag>-<index>`, `nm<tag>p<index>`).
+pub fn is_ours_link(name: &str) -> bool {
+    let b = name.as_bytes();
+    if b.len() < 9 || !name.starts_with("nm") || !is_tag(&b[2..7]) {
+        return false;
+    }
+    let rest = &name[7..];
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
+    rest == "-br"
+        || rest.strip_prefix('-').is_some_and(digits)
+        || rest.strip_prefix('p').is_some_and(digits)
+}
+
+fn is_tag(b: &[u8]) -> bool {
+    b.iter()
+        .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(c))
+}
+
+/// The node's interface name inside its namespace.
+pub const UNDERLAY_IFACE: &str = "eth0";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interface_names_fit_the_kernel_limit() {
+        for t in [
+            "a",
+            "line3",
+            "a-very-long-topology-name-with-many-characters",
+        ] {
+            for name in [bridge(t), veth_host(t, 99_999), veth_peer(t, 99_999)] {
+                assert!(name.len() <= 15, "{name} is longer than 15 bytes");
+            }
+        }
+    }
+
+    #[test]
+    fn prefixes_do_not_capture_other_topologies() {
+        assert!(!netns("line3", "a").starts_with(&netns_prefix("line")));
+        assert_eq!(topology_tag("line3"), topology_tag("line3"));
+        assert_ne!(topology_tag("line3"), topology_tag("line4"));
+    }
+
+    #[test]
+    fn recognises_only_its_own_names() {
+        let t = "line3";
+        assert!(is_ours_netns(&netns(t, "a")));
+        for name in [bridge(t), veth_host(t, 12), veth_peer(t, 3)] {
+            assert!(is_ours_link(&name), "{name}");
+        }
+        for other in [
+            "nm-foo",
+            "nmcli0",
+            "eth0",
+            "nm12345-x",
+            "nmzzzzz-br",
+            "docker0",
+        ] {
+            assert!(!is_ours_link(other), "{other}");
+            assert!(!is_ours_netns(other), "{other}");
+        }
+    }
+}

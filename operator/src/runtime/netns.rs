@@ -1,0 +1,225 @@
+//! The local runtime: every virtual node in its own network namespace, joined to
+//! the topology's bridge by a veth, with one agent process per node.
+
+use super::netlink::{self, connect_here};
+use super::process::{self, AgentLaunch};
+use super::{Progress, Removed, Runtime, RuntimeError, names};
+use crate::plan::{Plan, PlannedNode};
+use futures::StreamExt;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Nodes set up at once; netlink calls are quick, this only hides their latency.
+const PARALLEL_NODES: usize = 8;
+/// Where iproute2's `ip netns exec` finds per-namespace files such as `hosts`.
+const ETC_NETNS: &str = "/etc/netns";
+
+pub struct NetnsRuntime {
+    /// Private state: credentials and agent logs live below it.
+    pub state_dir: PathBuf,
+    pub agent_binary: PathBuf,
+    /// Hub address handed to agents, e.g. `unix:/var/lib/nextmini/hub.sock`.
+    pub hub: String,
+}
+
+impl NetnsRuntime {
+    fn credential_dir(&self, topology: &str) -> PathBuf {
+        self.state_dir.join("credentials").join(topology)
+    }
+
+    pub fn log_dir(&self, topology: &str) -> PathBuf {
+        self.state_dir.join("logs").join(topology)
+    }
+
+    async fn create_node(
+        &self,
+        plan: &Plan,
+        node: &PlannedNode,
+        bridge_index: u32,
+        hosts: &str,
+        credential: &str,
+    ) -> Result<u32, RuntimeError> {
+        let topology = &plan.topology;
+        let ns = names::netns(topology, &node.name);
+        let ns_for_thread = ns.clone();
+        tokio::task::spawn_blocking(move || netlink::create_netns(&ns_for_thread))
+            .await
+            .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+        let host = connect_here()?;
+        let peer = names::veth_peer(topology, node.index);
+        netlink::plug_veth(
+            &host,
+            &names::veth_host(topology, node.index),
+            &peer,
+            bridge_index,
+            &ns,
+        )
+        .await?;
+        let inside = netlink::connect_in(&ns).await?;
+        netlink::configure_inside(
+            &inside,
+            &peer,
+            names::UNDERLAY_IFACE,
+            node.underlay,
+            plan.underlay.prefix_len(),
+        )
+        .await?;
+
+        let etc = PathBuf::from(ETC_NETNS).join(&ns);
+        std::fs::create_dir_all(&etc)
+            .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
+        std::fs::write(etc.join("hosts"), hosts)
+            .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
+
+        let cred_dir = self.credential_dir(topology);
+        let cred_file = cred_dir.join(&node.name);
+        write_secret(&cred_file, credential)?;
+        let log_dir = self.log_dir(topology);
+        std::fs::create_dir_all(&log_dir)
+            .map_err(|e| RuntimeError::io(log_dir.display().to_string(), e))?;
+        let log_file = log_dir.join(format!("{}.log", node.name));
+        process::spawn_agent(&AgentLaunch {
+            binary: &self.agent_binary,
+            netns: &ns,
+            hub: &self.hub,
+            topology,
+            node: &node.name,
+            credential_file: &cred_file,
+            log_file: &log_file,
+        })
+    }
+}
+
+/// /etc/hosts for every node: node names resolve to overlay addresses, so
+/// `curl http://c:8000/` works from a.
+pub fn hosts_file(plan: &Plan) -> String {
+    let mut out = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
+    for n in &plan.nodes {
+        out.push_str(&format!("{}\t{}\n", n.overlay, n.name));
+    }
+    out
+}
+
+fn write_secret(path: &std::path::Path, secret: &str) -> Result<(), RuntimeError> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| RuntimeError::io(dir.display().to_string(), e))?;
+    }
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| RuntimeError::io(path.display().to_string(), e))?;
+    f.write_all(secret.as_bytes())
+        .map_err(|e| RuntimeError::io(path.display().to_string(), e))
+}
+
+impl Runtime for NetnsRuntime {
+    async fn create(
+        &self,
+        plan: &Plan,
+        credentials: &BTreeMap<String, String>,
+        progress: Progress<'_>,
+    ) -> Result<BTreeMap<String, u32>, RuntimeError> {
+        let topology = &plan.topology;
+        let leftovers = netlink::list_netns(&names::netns_prefix(topology));
+        if !leftovers.is_empty() {
+            return Err(RuntimeError::Conflict(format!(
+                "namespaces of topology {topology} already exist ({}); run `nextmini down {topology}` first",
+                leftovers.join(", ")
+            )));
+        }
+        let host = connect_here()?;
+        let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
+        let hosts = hosts_file(plan);
+        let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(&plan.nodes)
+            .map(|node| {
+                let hosts = &hosts;
+                async move {
+                    let credential = credentials.get(&node.name).ok_or_else(|| {
+                        RuntimeError::Conflict(format!("no credential for node {}", node.name))
+                    })?;
+                    let pid = self
+                        .create_node(plan, node, bridge_index, hosts, credential)
+                        .await
+                        .map_err(|e| match e {
+                            RuntimeError::Netlink(m) => {
+                                RuntimeError::Netlink(format!("node {}: {m}", node.name))
+                            }
+                            other => other,
+                        })?;
+                    progress(&node.name);
+                    Ok((node.name.clone(), pid))
+                }
+            })
+            .buffer_unordered(PARALLEL_NODES)
+            .collect()
+            .await;
+        results.into_iter().collect()
+    }
+
+    async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError> {
+        let ns_prefix = names::netns_prefix(topology);
+        let link_prefix = names::link_prefix(topology);
+        let removed = sweep(
+            process::find_agents(&ns_prefix),
+            |ns| ns.starts_with(&ns_prefix),
+            |link| link.starts_with(&link_prefix) && names::is_ours_link(link),
+        )
+        .await?;
+        let _ = std::fs::remove_dir_all(self.credential_dir(topology));
+        Ok(removed)
+    }
+}
+
+impl NetnsRuntime {
+    /// Removes everything any run of this runtime made on this machine, whether
+    /// or not the store still knows the topology (e.g. after its data was wiped).
+    pub async fn destroy_everything(&self) -> Result<Removed, RuntimeError> {
+        let removed = sweep(
+            process::find_agents("nm-"),
+            names::is_ours_netns,
+            names::is_ours_link,
+        )
+        .await?;
+        let _ = std::fs::remove_dir_all(self.state_dir.join("credentials"));
+        Ok(removed)
+    }
+}
+
+/// Agents first (a namespace with a live process in it would linger), then
+/// namespaces and their /etc/netns files, then host interfaces.
+async fn sweep(
+    pids: Vec<u32>,
+    netns_matches: impl Fn(&str) -> bool,
+    link_matches: impl Fn(&str) -> bool,
+) -> Result<Removed, RuntimeError> {
+    let processes =
+        tokio::task::spawn_blocking(move || process::stop(&pids, Duration::from_secs(2)))
+            .await
+            .map_err(|e| RuntimeError::Netlink(e.to_string()))?;
+    let mut namespaces = 0;
+    for ns in netlink::list_netns("") {
+        if netns_matches(&ns) && netlink::delete_netns(&ns)? {
+            namespaces += 1;
+        }
+    }
+    if let Ok(dir) = std::fs::read_dir(ETC_NETNS) {
+        for entry in dir.filter_map(|e| e.ok()) {
+            if netns_matches(&entry.file_name().to_string_lossy()) {
+                let _ = std::fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    let host = connect_here()?;
+    let links = netlink::delete_links(&host, &link_matches).await?;
+    Ok(Removed {
+        processes,
+        namespaces,
+        links,
+    })
+}

@@ -1,0 +1,122 @@
+//! Agent processes of the netns runtime: started detached (they outlive the CLI
+//! that started them), found again through /proc after a crash, stopped politely
+//! and then for sure.
+
+use super::RuntimeError;
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use std::fs::File;
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+pub struct AgentLaunch<'a> {
+    pub binary: &'a Path,
+    pub netns: &'a str,
+    pub hub: &'a str,
+    pub topology: &'a str,
+    pub node: &'a str,
+    pub credential_file: &'a Path,
+    pub log_file: &'a Path,
+}
+
+pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
+    let log = File::create(launch.log_file)
+        .map_err(|e| RuntimeError::io(launch.log_file.display().to_string(), e))?;
+    let log_err = log
+        .try_clone()
+        .map_err(|e| RuntimeError::io("log file", e))?;
+    let child = Command::new(launch.binary)
+        .arg("--netns")
+        .arg(launch.netns)
+        .arg("--hub")
+        .arg(launch.hub)
+        .arg("--topology")
+        .arg(launch.topology)
+        .arg("--node")
+        .arg(launch.node)
+        .arg("--credential-file")
+        .arg(launch.credential_file)
+        .stdin(Stdio::null())
+        .stdout(log)
+        .stderr(log_err)
+        // Its own process group: a Ctrl-C in the terminal that ran `up` does not
+        // reach the agents.
+        .process_group(0)
+        .spawn()
+        .map_err(|e| RuntimeError::io(format!("starting {}", launch.binary.display()), e))?;
+    Ok(child.id())
+}
+
+/// Pids of processes whose command line contains `--netns <ns>` for a namespace
+/// starting with `netns_prefix`: the agents of one topology, whoever started them.
+pub fn find_agents(netns_prefix: &str) -> Vec<u32> {
+    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    let mut pids = Vec::new();
+    for entry in proc_dir.filter_map(|e| e.ok()) {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        let Ok(raw) = std::fs::read(entry.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
+        let is_agent = args.first().is_some_and(|a| a.ends_with(b"nextmini-agent"));
+        let in_topology = args
+            .windows(2)
+            .any(|w| w[0] == b"--netns" && w[1].starts_with(netns_prefix.as_bytes()));
+        if is_agent && in_topology {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// SIGTERM, a grace period, then SIGKILL for whatever is left.
+pub fn stop(pids: &[u32], grace: Duration) -> usize {
+    let alive = |pid: u32| {
+        // A zombie child of ours still "exists" until reaped; reap it.
+        let _ = nix::sys::wait::waitpid(
+            Pid::from_raw(pid as i32),
+            Some(nix::sys::wait::WaitPidFlag::WNOHANG),
+        );
+        is_running(pid)
+    };
+    let targets: Vec<u32> = pids.iter().copied().filter(|p| alive(*p)).collect();
+    for pid in &targets {
+        let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline && targets.iter().any(|p| alive(*p)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    for pid in &targets {
+        if alive(*pid) {
+            let _ = kill(Pid::from_raw(*pid as i32), Signal::SIGKILL);
+        }
+    }
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < deadline && targets.iter().any(|p| alive(*p)) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    targets.len()
+}
+
+/// Whether the process exists and is not a zombie (a zombie whose parent never
+/// reaps it, e.g. under a minimal init, must not count as running).
+pub fn is_running(pid: u32) -> bool {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return false;
+    };
+    // The state follows the parenthesised command name, which may contain spaces.
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.trim_start().chars().next())
+        .is_some_and(|state| state != 'Z' && state != 'X')
+}

@@ -1,0 +1,190 @@
+//! PostgreSQL store: desired state (topologies, nodes, links, flows), the agents'
+//! state, and what they report. Schema changes go through versioned migrations in
+//! `operator/migrations`. Every statement binds its values; none is built by
+//! formatting user input into SQL.
+
+mod counters;
+mod plan_rows;
+mod status;
+
+pub use counters::CounterRow;
+pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
+
+use crate::plan::Plan;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Row};
+use std::collections::BTreeMap;
+use std::str::FromStr;
+use std::time::Duration;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("database: {0}")]
+    Db(#[from] sqlx::Error),
+    #[error("database migration: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("stored topology {topology} is inconsistent: {reason}")]
+    Corrupt { topology: String, reason: String },
+}
+
+pub type Result<T, E = StoreError> = std::result::Result<T, E>;
+
+/// Channel the migrations' trigger notifies with a topology name on each change.
+pub const TOPOLOGY_CHANNEL: &str = "nextmini_topology";
+
+static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
+
+#[derive(Clone)]
+pub struct Store {
+    pool: PgPool,
+}
+
+/// What the hub needs to check an agent's Hello.
+#[derive(Debug, Clone)]
+pub struct NodeIdentity {
+    pub topology_id: i64,
+    pub credential_sha256: String,
+}
+
+impl Store {
+    /// Connects and brings the schema up to date.
+    pub async fn connect(url: &str) -> Result<Store> {
+        let options = PgConnectOptions::from_str(url)?;
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options)
+            .await?;
+        MIGRATOR.run(&pool).await?;
+        Ok(Store { pool })
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Writes a topology's desired state in one transaction, replacing any earlier
+    /// version of it: either all of it is stored or none. Returns the new generation.
+    pub async fn apply_plan(
+        &self,
+        plan: &Plan,
+        runtime: &str,
+        source: &str,
+        credential_sha256: &BTreeMap<String, String>,
+    ) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let (id, generation) = plan_rows::upsert_topology(&mut tx, plan, runtime, source).await?;
+        plan_rows::replace_children(&mut tx, id, plan, credential_sha256).await?;
+        tx.commit().await?;
+        Ok(generation)
+    }
+
+    /// Deletes a topology and every row it owns. Returns whether it existed.
+    pub async fn delete_topology(&self, name: &str) -> Result<bool> {
+        let done = sqlx::query("DELETE FROM topologies WHERE name = $1")
+            .bind(name)
+            .execute(&self.pool)
+            .await?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    pub async fn topology_names(&self) -> Result<Vec<String>> {
+        let rows = sqlx::query("SELECT name FROM topologies ORDER BY name")
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows.iter().map(|r| r.get("name")).collect())
+    }
+
+    /// The topology's current generation, or `None` when it does not exist.
+    pub async fn generation(&self, topology: &str) -> Result<Option<i64>> {
+        let row = sqlx::query("SELECT generation FROM topologies WHERE name = $1")
+            .bind(topology)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| r.get("generation")))
+    }
+
+    /// The desired state of a topology as a plan, with its generation.
+    pub async fn load_plan(&self, topology: &str) -> Result<Option<(Plan, i64)>> {
+        plan_rows::load(&self.pool, topology).await
+    }
+
+    pub async fn node_identity(&self, topology: &str, node: &str) -> Result<Option<NodeIdentity>> {
+        let row = sqlx::query(
+            "SELECT n.topology_id, n.credential_sha256 FROM nodes n \
+             JOIN topologies t ON t.id = n.topology_id WHERE t.name = $1 AND n.name = $2",
+        )
+        .bind(topology)
+        .bind(node)
+        .fetch_optional(&self.pool)
+        .await?;
+        Ok(row.map(|r| NodeIdentity {
+            topology_id: r.get("topology_id"),
+            credential_sha256: r.get("credential_sha256"),
+        }))
+    }
+
+    pub async fn set_node_pid(&self, topology: &str, node: &str, pid: Option<i32>) -> Result<()> {
+        sqlx::query(
+            "UPDATE nodes SET pid = $3 FROM topologies t \
+             WHERE t.id = nodes.topology_id AND t.name = $1 AND nodes.name = $2",
+        )
+        .bind(topology)
+        .bind(node)
+        .bind(pid)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Records the agent's stream state (`connected` / `disconnected`).
+    pub async fn set_agent_state(&self, topology_id: i64, node: &str, state: &str) -> Result<()> {
+        sqlx::query(
+            "UPDATE nodes SET agent_state = $3, last_seen = now() \
+             WHERE topology_id = $1 AND name = $2",
+        )
+        .bind(topology_id)
+        .bind(node)
+        .bind(state)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    pub async fn record_ack(&self, topology_id: i64, node: &str, generation: i64) -> Result<()> {
+        sqlx::query(
+            "UPDATE nodes SET acked_generation = GREATEST(acked_generation, $3), last_seen = now() \
+             WHERE topology_id = $1 AND name = $2",
+        )
+        .bind(topology_id)
+        .bind(node)
+        .bind(generation)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
+    /// Upserts a batch of link counters in one statement.
+    pub async fn record_counters(&self, rows: &[CounterRow]) -> Result<()> {
+        counters::upsert(&self.pool, rows).await
+    }
+
+    /// How many nodes of the topology have acknowledged `generation` (or later),
+    /// and how many nodes it has.
+    pub async fn ack_progress(&self, topology: &str, generation: i64) -> Result<(i64, i64)> {
+        let row = sqlx::query(
+            "SELECT count(*) FILTER (WHERE n.acked_generation >= $2 AND n.agent_state = 'connected') AS ready, \
+                    count(*) AS total \
+             FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = $1",
+        )
+        .bind(topology)
+        .bind(generation)
+        .fetch_one(&self.pool)
+        .await?;
+        Ok((row.get("ready"), row.get("total")))
+    }
+
+    pub async fn status(&self, topology: &str) -> Result<Option<TopologyStatusRow>> {
+        status::load(&self.pool, topology).await
+    }
+}

@@ -1,0 +1,248 @@
+//! Plans to rows and back. The store is the source of truth for desired state:
+//! the hub builds every snapshot from these rows, so a control script that edits
+//! a link row is seen exactly like a re-applied manifest.
+
+use super::{Result, StoreError};
+use crate::plan::{
+    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode,
+    Resources, Transport,
+};
+use sqlx::{PgPool, Postgres, Row, Transaction};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub(super) async fn upsert_topology(
+    tx: &mut Transaction<'_, Postgres>,
+    plan: &Plan,
+    runtime: &str,
+    source: &str,
+) -> Result<(i64, i64)> {
+    let row = sqlx::query(
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+         ON CONFLICT (name) DO UPDATE SET generation = topologies.generation + 1, \
+           placement = EXCLUDED.placement, runtime = EXCLUDED.runtime, overlay = EXCLUDED.overlay, \
+           underlay = EXCLUDED.underlay, processors = EXCLUDED.processors, mapping = EXCLUDED.mapping, \
+           mtu = EXCLUDED.mtu, source = EXCLUDED.source, updated_at = now() \
+         RETURNING id, generation",
+    )
+    .bind(&plan.topology)
+    .bind(placement_str(plan.placement))
+    .bind(runtime)
+    .bind(plan.overlay.to_string())
+    .bind(plan.underlay.to_string())
+    .bind(plan.dataplane.processors as i32)
+    .bind(mapping_str(plan.dataplane.mapping))
+    .bind(plan.dataplane.mtu as i32)
+    .bind(source)
+    .fetch_one(&mut **tx)
+    .await?;
+    Ok((row.get("id"), row.get("generation")))
+}
+
+pub(super) async fn replace_children(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+    credential_sha256: &BTreeMap<String, String>,
+) -> Result<()> {
+    for sql in [
+        "DELETE FROM flows WHERE topology_id = $1",
+        "DELETE FROM links WHERE topology_id = $1",
+        "DELETE FROM link_counters WHERE topology_id = $1",
+        "DELETE FROM nodes WHERE topology_id = $1",
+    ] {
+        sqlx::query(sql).bind(id).execute(&mut **tx).await?;
+    }
+    for chunk in plan.nodes.chunks(1000) {
+        let mut qb = sqlx::QueryBuilder::new(
+            "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256) ",
+        );
+        qb.push_values(chunk, |mut b, n| {
+            b.push_bind(id)
+                .push_bind(&n.name)
+                .push_bind(n.index as i32)
+                .push_bind(n.overlay.to_string())
+                .push_bind(n.underlay.to_string())
+                .push_bind(n.resources.cpu_millis.map(|c| c as i32))
+                .push_bind(n.resources.memory_bytes.map(|m| m as i64))
+                .push_bind(credential_sha256.get(&n.name).cloned().unwrap_or_default());
+        });
+        qb.build().execute(&mut **tx).await?;
+    }
+    for chunk in plan.links.chunks(1000) {
+        let mut qb = sqlx::QueryBuilder::new(
+            "INSERT INTO links (topology_id, name, dialer, acceptor, transport, rate_bps, delay_us, jitter_us, loss_ppm, queue_packets) ",
+        );
+        qb.push_values(chunk, |mut b, l| {
+            b.push_bind(id)
+                .push_bind(&l.name)
+                .push_bind(&l.dialer)
+                .push_bind(&l.acceptor)
+                .push_bind(transport_str(l.transport))
+                .push_bind(l.params.rate_bps.map(|v| v as i64))
+                .push_bind(l.params.delay.map(|d| d.as_micros() as i64))
+                .push_bind(l.params.jitter.map(|d| d.as_micros() as i64))
+                .push_bind(l.params.loss_ppm.map(|v| v as i32))
+                .push_bind(l.params.queue_packets.map(|v| v as i32));
+        });
+        qb.build().execute(&mut **tx).await?;
+    }
+    for f in &plan.flows {
+        sqlx::query(
+            "INSERT INTO flows (topology_id, name, src, dst, size_bytes, count, path) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+        )
+        .bind(id)
+        .bind(&f.name)
+        .bind(&f.src)
+        .bind(&f.dst)
+        .bind(f.size_bytes.map(|v| v as i64))
+        .bind(f.count as i32)
+        .bind(f.path.clone())
+        .execute(&mut **tx)
+        .await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)>> {
+    let Some(t) = sqlx::query(
+        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu FROM topologies WHERE name = $1",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await?
+    else {
+        return Ok(None);
+    };
+    let corrupt = |reason: String| StoreError::Corrupt {
+        topology: name.to_string(),
+        reason,
+    };
+    let id: i64 = t.get("id");
+    let overlay = t
+        .get::<String, _>("overlay")
+        .parse()
+        .map_err(|e| corrupt(format!("overlay: {e}")))?;
+    let underlay = t
+        .get::<String, _>("underlay")
+        .parse()
+        .map_err(|e| corrupt(format!("underlay: {e}")))?;
+    let nodes = sqlx::query(
+        "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes FROM nodes WHERE topology_id = $1 ORDER BY idx",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| {
+        let name: String = r.get("name");
+        Ok(PlannedNode {
+            index: r.get::<i32, _>("idx") as u32,
+            overlay: r
+                .get::<String, _>("overlay_addr")
+                .parse()
+                .map_err(|e| corrupt(format!("node {name} overlay: {e}")))?,
+            underlay: r
+                .get::<String, _>("underlay_addr")
+                .parse()
+                .map_err(|e| corrupt(format!("node {name} underlay: {e}")))?,
+            resources: Resources {
+                cpu_millis: r.get::<Option<i32>, _>("cpu_millis").map(|v| v as u32),
+                memory_bytes: r.get::<Option<i64>, _>("memory_bytes").map(|v| v as u64),
+            },
+            name,
+        })
+    })
+    .collect::<Result<Vec<_>>>()?;
+    let links = sqlx::query(
+        "SELECT name, dialer, acceptor, transport, rate_bps, delay_us, jitter_us, loss_ppm, queue_packets \
+         FROM links WHERE topology_id = $1 ORDER BY name",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| PlannedLink {
+        name: r.get("name"),
+        dialer: r.get("dialer"),
+        acceptor: r.get("acceptor"),
+        transport: if r.get::<String, _>("transport") == "quic" {
+            Transport::Quic
+        } else {
+            Transport::Tcp
+        },
+        params: LinkParams {
+            rate_bps: r.get::<Option<i64>, _>("rate_bps").map(|v| v as u64),
+            delay: r
+                .get::<Option<i64>, _>("delay_us")
+                .map(|v| Duration::from_micros(v as u64)),
+            jitter: r
+                .get::<Option<i64>, _>("jitter_us")
+                .map(|v| Duration::from_micros(v as u64)),
+            loss_ppm: r.get::<Option<i32>, _>("loss_ppm").map(|v| v as u32),
+            queue_packets: r.get::<Option<i32>, _>("queue_packets").map(|v| v as u32),
+        },
+    })
+    .collect();
+    let flows = sqlx::query(
+        "SELECT name, src, dst, size_bytes, count, path FROM flows WHERE topology_id = $1 ORDER BY name",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| PlannedFlow {
+        name: r.get("name"),
+        src: r.get("src"),
+        dst: r.get("dst"),
+        size_bytes: r.get::<Option<i64>, _>("size_bytes").map(|v| v as u64),
+        count: r.get::<i32, _>("count") as u32,
+        path: r.get("path"),
+    })
+    .collect();
+    let plan = Plan {
+        topology: name.to_string(),
+        overlay,
+        underlay,
+        placement: if t.get::<String, _>("placement") == "pod-per-node" {
+            Placement::PodPerNode
+        } else {
+            Placement::Netns
+        },
+        dataplane: Dataplane {
+            processors: t.get::<i32, _>("processors") as u32,
+            mapping: if t.get::<String, _>("mapping") == "concurrent" {
+                Mapping::Concurrent
+            } else {
+                Mapping::Sequential
+            },
+            mtu: t.get::<i32, _>("mtu") as u32,
+        },
+        nodes,
+        links,
+        flows,
+    };
+    Ok(Some((plan, t.get("generation"))))
+}
+
+pub fn placement_str(p: Placement) -> &'static str {
+    match p {
+        Placement::Netns => "netns",
+        Placement::PodPerNode => "pod-per-node",
+    }
+}
+
+pub fn mapping_str(m: Mapping) -> &'static str {
+    match m {
+        Mapping::Sequential => "sequential",
+        Mapping::Concurrent => "concurrent",
+    }
+}
+
+pub fn transport_str(t: Transport) -> &'static str {
+    match t {
+        Transport::Tcp => "tcp",
+        Transport::Quic => "quic",
+    }
+}

@@ -1,0 +1,98 @@
+//! The operator's view of a running topology, for `nextmini status`.
+
+use super::Result;
+use sqlx::{PgPool, Row};
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct TopologyStatusRow {
+    pub name: String,
+    pub generation: i64,
+    pub runtime: String,
+    pub nodes: Vec<NodeStatusRow>,
+    pub links: Vec<LinkStatusRow>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct NodeStatusRow {
+    pub name: String,
+    pub overlay_addr: String,
+    pub underlay_addr: String,
+    pub agent_state: String,
+    pub pid: Option<i32>,
+    pub acked_generation: i64,
+}
+
+/// A link with the counters its dialer and acceptor last reported.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinkStatusRow {
+    pub name: String,
+    pub dialer: String,
+    pub acceptor: String,
+    pub transport: String,
+    pub connected: bool,
+    /// Bytes sent from dialer to acceptor (as counted by the dialer).
+    pub bytes_forward: i64,
+    /// Bytes sent from acceptor to dialer (as counted by the acceptor).
+    pub bytes_backward: i64,
+    pub drops: i64,
+}
+
+pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologyStatusRow>> {
+    let Some(t) = sqlx::query("SELECT id, generation, runtime FROM topologies WHERE name = $1")
+        .bind(name)
+        .fetch_optional(pool)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let id: i64 = t.get("id");
+    let nodes = sqlx::query(
+        "SELECT name, overlay_addr, underlay_addr, agent_state, pid, acked_generation FROM nodes \
+         WHERE topology_id = $1 ORDER BY idx",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| NodeStatusRow {
+        name: r.get("name"),
+        overlay_addr: r.get("overlay_addr"),
+        underlay_addr: r.get("underlay_addr"),
+        agent_state: r.get("agent_state"),
+        pid: r.get("pid"),
+        acked_generation: r.get("acked_generation"),
+    })
+    .collect();
+    let links = sqlx::query(
+        "SELECT l.name, l.dialer, l.acceptor, l.transport, \
+            COALESCE(d.connected AND a.connected, false) AS connected, \
+            COALESCE(d.tx_bytes, 0) AS fwd, COALESCE(a.tx_bytes, 0) AS bwd, \
+            COALESCE(d.drops, 0) + COALESCE(a.drops, 0) AS drops \
+         FROM links l \
+         LEFT JOIN link_counters d ON d.topology_id = l.topology_id AND d.link = l.name AND d.node = l.dialer \
+         LEFT JOIN link_counters a ON a.topology_id = l.topology_id AND a.link = l.name AND a.node = l.acceptor \
+         WHERE l.topology_id = $1 ORDER BY l.name",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?
+    .into_iter()
+    .map(|r| LinkStatusRow {
+        name: r.get("name"),
+        dialer: r.get("dialer"),
+        acceptor: r.get("acceptor"),
+        transport: r.get("transport"),
+        connected: r.get("connected"),
+        bytes_forward: r.get("fwd"),
+        bytes_backward: r.get("bwd"),
+        drops: r.get("drops"),
+    })
+    .collect();
+    Ok(Some(TopologyStatusRow {
+        name: name.to_string(),
+        generation: t.get("generation"),
+        runtime: t.get("runtime"),
+        nodes,
+        links,
+    }))
+}

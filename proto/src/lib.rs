@@ -1,0 +1,14 @@
+//! The `nextmini.v1` control protocol shared by the operator's hub and the node agents.
+//!
+//! One persistent bidirectional gRPC stream per agent: the agent says `Hello`, the hub
+//! answers with a full `Snapshot`, then ordered `Delta`s tagged with a generation; the
+//! agent acknowledges generations and reports per-link counters.
+
+#![allow(clippy::all)]
+
+pub mod v1 {
+    tonic::include_proto!("nextmini.v1");
+}
+
+/// Version of the control protocol spoken by this build; sent in `Hello`.
+pub const PROTOCOL_VERSION: u32 = 1;

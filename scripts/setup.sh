@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing Nextmini needs on a fresh Debian
+# machine, skipping what is already there. Safe to run again.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+pkg_for() { # command -> Debian package
+  case "$1" in
+    ip) echo iproute2 ;;
+    ping) echo iputils-ping ;;
+    cc) echo build-essential ;;
+    pkg-config) echo pkg-config ;;
+    *) echo "$1" ;;
+  esac
+}
+for cmd in ip ping curl python3 iperf3 cc pkg-config psql; do
+  if ! have "$cmd"; then
+    case "$cmd" in
+      psql) need+=(postgresql-client) ;;
+      *) need+=("$(pkg_for "$cmd")") ;;
+    esac
+  fi
+done
+# The PostgreSQL server (initdb, postgres) lives outside PATH on Debian.
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  need+=(postgresql)
+fi
+
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "setup: missing ${need[*]}; run as root (sudo make setup) to install them" >&2
+    exit 1
+  fi
+  echo "setup: installing ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  # Debian starts a cluster of its own on install; Nextmini runs a private one.
+  if have pg_lsclusters; then
+    pg_lsclusters -h 2>/dev/null | while read -r ver name _; do
+      pg_ctlcluster "$ver" "$name" stop 2>/dev/null || true
+    done
+  fi
+fi
+
+if ! have cargo; then
+  echo "setup: no Rust toolchain (cargo) found; install one with rustup (Rust >= 1.90)" >&2
+  exit 1
+fi
+[ -e /dev/net/tun ] || { echo "setup: /dev/net/tun is missing (modprobe tun)" >&2; exit 1; }
+echo "setup: ok"
