@@ -78,7 +78,8 @@ impl LocalPg {
             tracing::warn!("removing the stale lock file of a PostgreSQL that was killed");
             let _ = std::fs::remove_file(self.data.join("postmaster.pid"));
             let _ = std::fs::remove_file(self.socket_dir.join(format!(".s.PGSQL.{}", self.port)));
-            let _ = std::fs::remove_file(self.socket_dir.join(format!(".s.PGSQL.{}.lock", self.port)));
+            let _ =
+                std::fs::remove_file(self.socket_dir.join(format!(".s.PGSQL.{}.lock", self.port)));
         }
     }
 

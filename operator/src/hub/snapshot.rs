@@ -50,6 +50,7 @@ impl TopologyView {
                         jitter_us: link.params.jitter.map_or(0, |d| d.as_micros() as u64),
                         loss_ppm: link.params.loss_ppm.unwrap_or(0),
                         queue_packets: link.params.queue_packets.unwrap_or(0),
+                        ..Default::default()
                     }),
                 })
             })
