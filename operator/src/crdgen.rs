@@ -80,4 +80,56 @@ mod tests {
             serde_json::json!({})
         );
     }
+
+    /// Every field users can write carries a description, so `kubectl explain`
+    /// documents the whole API. `metadata` is Kubernetes' own and exempt.
+    #[test]
+    fn every_field_has_a_description() {
+        fn walk(path: &str, schema: &serde_json::Value, missing: &mut Vec<String>) {
+            if let Some(props) = schema["properties"].as_object() {
+                for (name, prop) in props {
+                    let here = format!("{path}.{name}");
+                    if name == "metadata" && path.ends_with("openAPIV3Schema") {
+                        continue;
+                    }
+                    let described = prop["description"]
+                        .as_str()
+                        .is_some_and(|d| !d.trim().is_empty());
+                    if !described {
+                        missing.push(here.clone());
+                    }
+                    walk(&here, prop, missing);
+                }
+            }
+            if schema["items"].is_object() {
+                walk(&format!("{path}[]"), &schema["items"], missing);
+            }
+            for key in ["oneOf", "anyOf", "allOf"] {
+                if let Some(alts) = schema[key].as_array() {
+                    for alt in alts {
+                        walk(path, alt, missing);
+                    }
+                }
+            }
+        }
+        let mut missing = Vec::new();
+        for doc in serde_norway::Deserializer::from_str(&crd_yaml()) {
+            let crd: serde_json::Value = serde::Deserialize::deserialize(doc).expect("valid YAML");
+            let kind = crd["spec"]["names"]["kind"]
+                .as_str()
+                .unwrap_or("?")
+                .to_string();
+            for version in crd["spec"]["versions"].as_array().into_iter().flatten() {
+                walk(
+                    &format!("{kind}.openAPIV3Schema"),
+                    &version["schema"]["openAPIV3Schema"],
+                    &mut missing,
+                );
+            }
+        }
+        assert!(
+            missing.is_empty(),
+            "fields without a description: {missing:#?}"
+        );
+    }
 }

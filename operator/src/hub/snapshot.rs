@@ -113,3 +113,77 @@ impl TopologyView {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn line3() -> Plan {
+        let text = include_str!("../../../manifests/examples/line3.yaml");
+        let manifest = crate::plan::parse_manifest("line3.yaml", text).expect("parses");
+        crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0)
+    }
+
+    #[test]
+    fn middle_node_dials_one_peer_accepts_the_other_and_routes_both_ways() {
+        let view = TopologyView::new(line3(), 7);
+        let s = view.snapshot("b", 1000).expect("b is a node");
+        assert_eq!(s.generation, 7);
+        let node = s.node.expect("node config");
+        assert_eq!(node.overlay_addr, "198.18.0.2");
+        assert_eq!(node.overlay_prefix_len, 16);
+        assert_eq!(node.listen_addr, format!("198.19.0.2:{LINK_PORT}"));
+        assert_eq!(node.peers.len(), 3);
+
+        let links: Vec<(String, String, i32, String)> = s
+            .links
+            .iter()
+            .map(|l| {
+                (
+                    l.name.clone(),
+                    l.peer_node.clone(),
+                    l.role,
+                    l.peer_addr.clone(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            links,
+            [
+                (
+                    "a-b".into(),
+                    "a".into(),
+                    pb::LinkRole::Accept as i32,
+                    format!("198.19.0.1:{LINK_PORT}")
+                ),
+                (
+                    "b-c".into(),
+                    "c".into(),
+                    pb::LinkRole::Dial as i32,
+                    format!("198.19.0.3:{LINK_PORT}")
+                ),
+            ]
+        );
+
+        let routes = s.routes.expect("routes").destinations;
+        let via = |dst: &str| {
+            routes.iter().find(|r| r.node == dst).map(|r| {
+                r.next_hops
+                    .iter()
+                    .map(|h| h.link.clone())
+                    .collect::<Vec<_>>()
+            })
+        };
+        assert_eq!(via("a"), Some(vec!["a-b".to_string()]));
+        assert_eq!(via("c"), Some(vec!["b-c".to_string()]));
+        assert_eq!(via("b"), Some(vec![]), "own address is delivered locally");
+    }
+
+    #[test]
+    fn unknown_node_gets_no_snapshot() {
+        let view = TopologyView::new(line3(), 1);
+        assert!(view.snapshot("z", 1000).is_none());
+    }
+}
