@@ -252,3 +252,86 @@ pub fn sha256_file(path: &Path) -> String {
     let bytes = std::fs::read(path).expect("reading file to hash");
     hex::encode(Sha256::digest(bytes))
 }
+
+/// Runs `iperf3 -J …` as a client in `node` and returns its JSON report.
+pub fn iperf3(env: &Env, node: &str, args: &[&str]) -> serde_json::Value {
+    let mut command = vec!["iperf3", "-J"];
+    command.extend_from_slice(args);
+    let out = env.exec(node, &command);
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "iperf3 {args:?} in {node} gave no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    });
+    assert!(
+        out.status.success() && report.get("error").is_none(),
+        "iperf3 {args:?} in {node} failed: {}",
+        report["error"]
+    );
+    report
+}
+
+/// Receiver-side goodput of a TCP iperf3 run, in bit/s.
+pub fn tcp_goodput(report: &serde_json::Value) -> f64 {
+    report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .expect("iperf3 report has end.sum_received")
+}
+
+/// TCP payload per packet over IPv4 with timestamps, for an `mtu`-byte packet:
+/// what a shaper counting IP bytes leaves for iperf3 to measure.
+pub fn tcp_payload_ratio(mtu: u32) -> f64 {
+    f64::from(mtu - 20 - 32) / f64::from(mtu)
+}
+
+/// Average round-trip time of `count` pings from `node` to `target`, in ms.
+pub fn ping_avg_ms(env: &Env, node: &str, target: &str, count: u32) -> f64 {
+    let count = count.to_string();
+    let out = env.exec(
+        node,
+        &["ping", "-q", "-c", &count, "-i", "0.05", "-W", "2", target],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ping {target} from {node} failed: {text}"
+    );
+    // "rtt min/avg/max/mdev = 0.051/0.062/0.080/0.009 ms"
+    text.lines()
+        .find(|l| l.contains("min/avg/max"))
+        .and_then(|l| l.split('=').nth(1))
+        .and_then(|v| v.trim().split('/').nth(1))
+        .and_then(|avg| avg.parse().ok())
+        .unwrap_or_else(|| panic!("no rtt summary in ping output: {text}"))
+}
+
+/// One topology's row of `link_counters` for (link, node), as named columns.
+pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &str) -> i64 {
+    let allowed = [
+        "tx_bytes",
+        "rx_bytes",
+        "drops",
+        "drops_queue",
+        "drops_aqm",
+        "drops_loss",
+        "ecn_marks",
+        "connects",
+    ];
+    assert!(allowed.contains(&column), "unknown counter column {column}");
+    env.psql(&format!(
+        "SELECT COALESCE(max(c.{column}), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id \
+         WHERE t.name = '{topology}' AND c.link = '{link}' AND c.node = '{node}'"
+    ))
+    .parse()
+    .unwrap_or(0)
+}
+
+/// Generation of a topology and whether every agent has acknowledged it.
+pub fn all_acked(env: &Env, topology: &str) -> bool {
+    env.psql(&format!(
+        "SELECT bool_and(n.acked_generation >= t.generation AND n.agent_state = 'connected') \
+         FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = '{topology}'"
+    )) == "t"
+}

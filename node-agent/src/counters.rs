@@ -13,9 +13,25 @@ pub struct LinkCounters {
     pub rx_packets: AtomicU64,
     pub drops: AtomicU64,
     pub connects: AtomicU64,
+    pub drops_queue: AtomicU64,
+    pub drops_aqm: AtomicU64,
+    pub drops_loss: AtomicU64,
+    pub ecn_marks: AtomicU64,
+    pub queue_packets: AtomicU64,
+    pub queue_bytes: AtomicU64,
 }
 
 impl LinkCounters {
+    /// Copies the pipeline's cumulative figures, read by the reporter.
+    pub fn record_pipeline(&self, stats: &crate::sched::PipelineStats) {
+        self.drops_queue.store(stats.drops.queue_full, Relaxed);
+        self.drops_aqm.store(stats.drops.aqm, Relaxed);
+        self.drops_loss.store(stats.drops.loss, Relaxed);
+        self.ecn_marks.store(stats.ecn_marked, Relaxed);
+        self.queue_packets.store(stats.queued.packets, Relaxed);
+        self.queue_bytes.store(stats.queued.bytes, Relaxed);
+    }
+
     pub fn count_tx(&self, bytes: usize) {
         self.tx_bytes.fetch_add(bytes as u64, Relaxed);
         self.tx_packets.fetch_add(1, Relaxed);
@@ -40,6 +56,12 @@ impl LinkCounters {
             rx_packets: self.rx_packets.load(Relaxed),
             drops: self.drops.load(Relaxed),
             connects: self.connects.load(Relaxed),
+            drops_queue: self.drops_queue.load(Relaxed),
+            drops_aqm: self.drops_aqm.load(Relaxed),
+            drops_loss: self.drops_loss.load(Relaxed),
+            ecn_marks: self.ecn_marks.load(Relaxed),
+            queue_packets: self.queue_packets.load(Relaxed),
+            queue_bytes: self.queue_bytes.load(Relaxed),
         }
     }
 }

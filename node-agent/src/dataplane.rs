@@ -3,9 +3,9 @@
 //! that stay the same.
 
 use crate::counters::NodeCounters;
-use crate::link::{LinkHandle, LinkSpec, Role};
+use crate::link::{LinkContext, LinkHandle, LinkSpec, Role, Transport};
 use crate::listener::{self, LinkMap};
-use crate::processor::{Processors, Routes};
+use crate::processor::{Mapping, Outputs, Processors, Routes};
 use crate::routing::RouteTable;
 use crate::tun_io;
 use arc_swap::ArcSwap;
@@ -24,6 +24,8 @@ pub enum ApplyError {
     Io(#[from] std::io::Error),
     #[error("routes: {0}")]
     Routes(#[from] crate::routing::RouteError),
+    #[error("{0}")]
+    Quic(#[from] crate::quic::QuicError),
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ApplyError {
@@ -46,7 +48,7 @@ pub struct Dataplane {
     node: String,
     tun_name: String,
     identity: Option<Identity>,
-    processors: Option<Processors>,
+    context: Option<LinkContext>,
     routes: Routes,
     links: LinkMap,
     pub counters: Arc<NodeCounters>,
@@ -60,7 +62,7 @@ impl Dataplane {
             node,
             tun_name,
             identity: None,
-            processors: None,
+            context: None,
             routes: Arc::new(ArcSwap::from_pointee(RouteTable::empty())),
             links: Arc::new(ArcSwap::from_pointee(HashMap::new())),
             counters: Arc::new(NodeCounters::default()),
@@ -74,8 +76,8 @@ impl Dataplane {
 
     pub async fn apply_snapshot(&mut self, snapshot: pb::Snapshot) -> Result<(), ApplyError> {
         let node = snapshot.node.as_ref().ok_or(ApplyError::NoNode)?;
-        let processors = self.ensure_started(node).await?;
-        let links = self.build_links(&snapshot.links, &processors)?;
+        let context = self.ensure_started(node).await?;
+        let links = self.build_links(&snapshot.links, &context)?;
         let table = match &snapshot.routes {
             Some(r) => RouteTable::from_proto(r, |name| links.get(name).cloned())?,
             None => RouteTable::empty(),
@@ -99,7 +101,7 @@ impl Dataplane {
         out
     }
 
-    async fn ensure_started(&mut self, node: &pb::NodeConfig) -> Result<Processors, ApplyError> {
+    async fn ensure_started(&mut self, node: &pb::NodeConfig) -> Result<LinkContext, ApplyError> {
         let identity = Identity {
             overlay: node
                 .overlay_addr
@@ -114,62 +116,92 @@ impl Dataplane {
                 .parse()
                 .map_err(|e| invalid("node.listenAddr", format!("{e}")))?,
         };
-        if let (Some(current), Some(processors)) = (&self.identity, &self.processors) {
+        if let (Some(current), Some(context)) = (&self.identity, &self.context) {
             if *current != identity {
                 return Err(invalid(
                     "node",
                     "the node's addresses changed; restart the agent to apply",
                 ));
             }
-            return Ok(processors.clone());
+            return Ok(context.clone());
         }
         let dataplane = node.dataplane.clone().unwrap_or_default();
         let mtu = u16::try_from(dataplane.mtu)
             .ok()
             .filter(|m| *m >= 576)
             .ok_or_else(|| invalid("dataplane.mtu", "must be 576..=65535"))?;
+        let mapping = Mapping::parse(&dataplane.mapping)
+            .ok_or_else(|| invalid("dataplane.mapping", "must be sequential or concurrent"))?;
+        let quic = if node.link_cert_der.is_empty() {
+            None
+        } else {
+            let endpoint =
+                crate::quic::endpoint(identity.listen, &node.link_cert_der, &node.link_key_der)?;
+            tokio::spawn(listener::run_quic(
+                endpoint.clone(),
+                self.topology.clone(),
+                self.links.clone(),
+            ));
+            Some(endpoint)
+        };
         let device = tun_io::create(&self.tun_name, identity.overlay, identity.prefix_len, mtu)?;
-        let tun_tx = tun_io::spawn_writer(device.clone(), self.counters.clone());
+        let local = tun_io::spawn_writer(device.clone(), self.counters.clone());
         let processors = Processors::spawn(
             dataplane.processors,
-            self.routes.clone(),
-            tun_tx,
-            self.counters.clone(),
+            mapping,
+            Outputs {
+                routes: self.routes.clone(),
+                local,
+                counters: self.counters.clone(),
+            },
         );
         tun_io::spawn_reader(device, processors.clone(), mtu, self.counters.clone());
         let tcp = listener::bind(identity.listen).await?;
-        tokio::spawn(listener::run(
+        tokio::spawn(listener::run_tcp(
             tcp,
             self.topology.clone(),
             self.links.clone(),
         ));
         tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, "dataplane started");
+        let context = LinkContext {
+            processors,
+            quic,
+            mtu: u32::from(mtu),
+        };
         self.identity = Some(identity);
-        self.processors = Some(processors.clone());
-        Ok(processors)
+        self.context = Some(context.clone());
+        Ok(context)
     }
 
-    /// The new link set: links whose spec is unchanged keep their handle (and
-    /// connection); new ones are spawned; the rest stop when their last handle
-    /// (held by the old map and route table) is dropped.
+    /// The new link set: links whose connection identity is unchanged keep their
+    /// handle and connection (new parameters are applied in place); new ones are
+    /// spawned; the rest stop when their last handle (held by the old map and
+    /// route table) is dropped. Everything is checked before anything changes.
     fn build_links(
         &self,
         configs: &[pb::LinkConfig],
-        processors: &Processors,
+        context: &LinkContext,
     ) -> Result<HashMap<String, Arc<LinkHandle>>, ApplyError> {
         let current = self.links.load();
-        let mut next = HashMap::with_capacity(configs.len());
+        let mut planned = Vec::with_capacity(configs.len());
         for (i, c) in configs.iter().enumerate() {
             let field = |f: &str| format!("links[{i}].{f}");
-            if c.transport != "tcp" {
-                return Err(invalid(
-                    field("transport"),
-                    format!(
-                        "{:?} is not supported by this agent (tcp only)",
-                        c.transport
-                    ),
-                ));
-            }
+            let transport = match c.transport.as_str() {
+                "" | "tcp" => Transport::Tcp,
+                "quic" if context.quic.is_some() => Transport::Quic,
+                "quic" => {
+                    return Err(invalid(
+                        field("transport"),
+                        "quic needs the topology's link certificate, which the snapshot lacks",
+                    ));
+                }
+                other => {
+                    return Err(invalid(
+                        field("transport"),
+                        format!("{other:?} is not tcp or quic"),
+                    ));
+                }
+            };
             let role = match pb::LinkRole::try_from(c.role) {
                 Ok(pb::LinkRole::Dial) => Role::Dial {
                     peer: c
@@ -186,12 +218,33 @@ impl Dataplane {
                 local_node: self.node.clone(),
                 peer_node: c.peer_node.clone(),
                 role,
+                transport,
             };
-            let handle = match current.get(&c.name) {
-                Some(h) if h.spec == spec => h.clone(),
-                _ => LinkHandle::spawn(spec, processors.clone()),
+            let params = c.params.clone().unwrap_or_default();
+            crate::sched::Pipeline::<crate::link::Outbound>::new(&params, context.mtu, 0)
+                .map_err(|e| invalid(field(&format!("params.{}", e.field)), e.reason.clone()))?;
+            planned.push((spec, params));
+        }
+        let mut next = HashMap::with_capacity(planned.len());
+        for (spec, params) in planned {
+            let handle = match current.get(&spec.name) {
+                Some(h) if h.spec == spec => {
+                    h.set_params(params, context.mtu).map_err(|e| {
+                        invalid(
+                            format!("links.{}.params.{}", spec.name, e.field),
+                            e.reason.clone(),
+                        )
+                    })?;
+                    h.clone()
+                }
+                _ => LinkHandle::spawn(spec.clone(), params, context.clone()).map_err(|e| {
+                    invalid(
+                        format!("links.{}.params.{}", spec.name, e.field),
+                        e.reason.clone(),
+                    )
+                })?,
             };
-            next.insert(c.name.clone(), handle);
+            next.insert(spec.name, handle);
         }
         Ok(next)
     }

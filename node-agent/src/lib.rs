@@ -8,7 +8,9 @@ pub mod flow;
 pub mod frame;
 pub mod jump_hash;
 pub mod routing;
+pub mod sched;
 
+pub mod conn;
 pub mod control;
 pub mod counters;
 pub mod dataplane;
@@ -17,4 +19,6 @@ pub mod listener;
 pub mod netns;
 pub mod packet;
 pub mod processor;
+pub mod quic;
+pub mod timer;
 pub mod tun_io;

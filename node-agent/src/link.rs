@@ -1,26 +1,42 @@
-//! A virtual link: one persistent TCP connection to the peer agent, carrying
-//! length-prefixed frames. The dialing side reconnects with backoff; the accepting
-//! side takes whatever connection the listener hands it. Packets queued while the
-//! link is down wait in the queue and are tail-dropped when it is full.
+//! A virtual link, one direction's sender and the other's receiver: a persistent
+//! TCP connection or QUIC stream to the peer agent carrying length-prefixed
+//! frames, with this node's emulation pipeline (classify → AQM → schedule →
+//! shape → impair) in front of it. The dialing side reconnects with backoff; the
+//! accepting side takes whatever connection the listener hands it. Parameters
+//! change in place: the connection and the queued packets stay.
 
+use crate::conn::Conn;
 use crate::counters::LinkCounters;
 use crate::frame::{Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
 use crate::packet::Packet;
 use crate::processor::Processors;
+use crate::quic;
+use crate::sched::{PacketMeta, Payload, Pipeline};
+use crate::timer::PreciseTimer;
+use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
+use nextmini_proto::v1 as pb;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch};
 use tokio_util::codec::{FramedRead, FramedWrite};
 
-const LINK_QUEUE: usize = 1024;
-/// Frames written before the writer flushes, so a burst costs one syscall.
-const WRITE_BATCH: usize = 64;
+/// Hand-off between processors and the link task; the pipeline holds the real,
+/// configured queue.
+const HANDOFF_QUEUE: usize = 1024;
+/// Packets taken from the hand-off queue per wake-up.
+const INTAKE_BATCH: usize = 256;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Quic,
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
@@ -28,7 +44,8 @@ pub enum Role {
     Accept,
 }
 
-/// Identity carried in the link handshake.
+/// What identifies a link's connection: a change here needs a new connection;
+/// parameter changes do not.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinkSpec {
     pub topology: String,
@@ -36,6 +53,15 @@ pub struct LinkSpec {
     pub local_node: String,
     pub peer_node: String,
     pub role: Role,
+    pub transport: Transport,
+}
+
+/// What every link of the agent shares.
+#[derive(Clone)]
+pub struct LinkContext {
+    pub processors: Processors,
+    pub quic: Option<quinn::Endpoint>,
+    pub mtu: u32,
 }
 
 /// Handle to a running link; dropping the last one stops its task.
@@ -43,7 +69,8 @@ pub struct LinkHandle {
     pub spec: LinkSpec,
     pub counters: Arc<LinkCounters>,
     queue: mpsc::Sender<Packet>,
-    attach: mpsc::Sender<TcpStream>,
+    attach: mpsc::Sender<Conn>,
+    params: watch::Sender<pb::LinkParams>,
     _stop: watch::Sender<()>,
 }
 
@@ -56,30 +83,43 @@ impl std::fmt::Debug for LinkHandle {
 }
 
 impl LinkHandle {
-    pub fn spawn(spec: LinkSpec, processors: Processors) -> Arc<LinkHandle> {
-        let (queue, queue_rx) = mpsc::channel(LINK_QUEUE);
+    /// Starts the link. Invalid parameters are refused here, before anything runs.
+    pub fn spawn(
+        spec: LinkSpec,
+        params: pb::LinkParams,
+        context: LinkContext,
+    ) -> Result<Arc<LinkHandle>, crate::sched::ConfigError> {
+        let seed = seed_for(&spec);
+        let pipeline = Pipeline::new(&params, context.mtu, seed)?;
+        let (queue, queue_rx) = mpsc::channel(HANDOFF_QUEUE);
         let (attach, attach_rx) = mpsc::channel(4);
         let (stop, stop_rx) = watch::channel(());
+        let (params_tx, params_rx) = watch::channel(params);
         let counters = Arc::new(LinkCounters::default());
         let task = LinkTask {
             spec: spec.clone(),
             counters: counters.clone(),
-            processors,
+            context,
             queue: queue_rx,
             attach: attach_rx,
+            params: params_rx,
             stop: stop_rx,
+            pipeline,
+            epoch: Instant::now(),
+            ready: Vec::new(),
         };
         tokio::spawn(task.run());
-        Arc::new(LinkHandle {
+        Ok(Arc::new(LinkHandle {
             spec,
             counters,
             queue,
             attach,
+            params: params_tx,
             _stop: stop,
-        })
+        }))
     }
 
-    /// Queues a packet for the peer; a full queue drops it (tail drop).
+    /// Queues a packet for the peer; a full hand-off queue drops it.
     pub fn enqueue(&self, packet: Packet) {
         if self.queue.try_send(packet).is_err() {
             self.counters.count_drop();
@@ -87,41 +127,87 @@ impl LinkHandle {
     }
 
     /// Gives an accepted connection (handshake already read) to this link.
-    pub async fn attach(&self, stream: TcpStream) {
-        if self.attach.send(stream).await.is_err() {
+    pub async fn attach(&self, conn: Conn) {
+        if self.attach.send(conn).await.is_err() {
             tracing::debug!(link = %self.spec.name, "link stopped; connection dropped");
         }
     }
+
+    /// Applies new emulation parameters without touching the connection.
+    /// Checked first, so a bad change leaves the running ones in place.
+    pub fn set_params(
+        &self,
+        params: pb::LinkParams,
+        mtu: u32,
+    ) -> Result<(), crate::sched::ConfigError> {
+        Pipeline::<Outbound>::new(&params, mtu, 0)?;
+        self.params.send_if_modified(|current| {
+            if *current == params {
+                return false;
+            }
+            *current = params;
+            true
+        });
+        Ok(())
+    }
+}
+
+/// Per-link seed: runs are reproducible, links are not correlated.
+fn seed_for(spec: &LinkSpec) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in spec
+        .topology
+        .bytes()
+        .chain(spec.name.bytes())
+        .chain(spec.local_node.bytes())
+    {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    h
 }
 
 struct LinkTask {
     spec: LinkSpec,
     counters: Arc<LinkCounters>,
-    processors: Processors,
+    context: LinkContext,
     queue: mpsc::Receiver<Packet>,
-    attach: mpsc::Receiver<TcpStream>,
+    attach: mpsc::Receiver<Conn>,
+    params: watch::Receiver<pb::LinkParams>,
     stop: watch::Receiver<()>,
+    pipeline: Pipeline<Outbound>,
+    epoch: Instant,
+    /// Reused for every poll, so transmitting allocates nothing.
+    ready: Vec<Outbound>,
 }
+
+enum Outcome {
+    Stopped,
+    Replaced(Conn),
+    Broken(String),
+}
+
+type FrameWriter = FramedWrite<crate::conn::Writer, FrameCodec>;
 
 impl LinkTask {
     async fn run(mut self) {
-        let mut next: Option<TcpStream> = None;
+        let mut next: Option<Conn> = None;
         loop {
-            let stream = match next.take() {
-                Some(s) => s,
+            let conn = match next.take() {
+                Some(c) => c,
                 None => match self.connect().await {
-                    Some(s) => s,
+                    Some(c) => c,
                     None => return,
                 },
             };
             self.counters.connected.store(true, Relaxed);
             self.counters.connects.fetch_add(1, Relaxed);
-            tracing::info!(link = %self.spec.name, peer = %self.spec.peer_node, "link up");
-            let outcome = self.carry(stream).await;
+            tracing::info!(link = %self.spec.name, peer = %self.spec.peer_node, transport = ?self.spec.transport, "link up");
+            let outcome = self.carry(conn).await;
             self.counters.connected.store(false, Relaxed);
             match outcome {
                 Outcome::Stopped => return,
-                Outcome::Replaced(s) => next = Some(s),
+                Outcome::Replaced(c) => next = Some(c),
                 Outcome::Broken(reason) => {
                     tracing::warn!(link = %self.spec.name, %reason, "link down")
                 }
@@ -129,19 +215,23 @@ impl LinkTask {
         }
     }
 
+    fn now(&self) -> u64 {
+        self.epoch.elapsed().as_nanos() as u64
+    }
+
     /// A fresh connection: dialed with backoff, or handed over by the listener.
     /// `None` when the link is being removed.
-    async fn connect(&mut self) -> Option<TcpStream> {
+    async fn connect(&mut self) -> Option<Conn> {
         match self.spec.role.clone() {
             Role::Accept => tokio::select! {
-                s = self.attach.recv() => s,
+                c = self.attach.recv() => c,
                 _ = self.stop.changed() => None,
             },
             Role::Dial { peer } => {
                 let mut backoff = BACKOFF_MIN;
                 loop {
-                    match self.dial(peer).await {
-                        Ok(s) => return Some(s),
+                    match dial(&self.spec, self.context.quic.as_ref(), peer).await {
+                        Ok(c) => return Some(c),
                         Err(e) => {
                             tracing::debug!(link = %self.spec.name, %peer, error = %e, "dial failed")
                         }
@@ -156,129 +246,210 @@ impl LinkTask {
         }
     }
 
-    async fn dial(&self, peer: SocketAddr) -> std::io::Result<TcpStream> {
-        let stream = tokio::time::timeout(Duration::from_secs(2), TcpStream::connect(peer))
-            .await
-            .map_err(|_| {
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out")
-            })??;
-        stream.set_nodelay(true)?;
-        let hello = LinkHello {
-            topology: self.spec.topology.clone(),
-            link: self.spec.name.clone(),
-            node: self.spec.local_node.clone(),
-        };
-        let mut writer = FramedWrite::new(stream, FrameCodec);
-        writer
-            .send(control_frame(FrameKind::Hello, hello.encode()))
-            .await
-            .map_err(std::io::Error::other)?;
-        Ok(writer.into_inner())
-    }
-
     /// Moves frames both ways until the connection breaks, the link is removed,
     /// or the peer reconnects.
-    async fn carry(&mut self, stream: TcpStream) -> Outcome {
-        let (read_half, write_half) = stream.into_split();
-        let mut reader = FramedRead::new(read_half, FrameCodec);
-        let mut writer = FramedWrite::new(write_half, FrameCodec);
-        let counters = self.counters.clone();
-        let processors = self.processors.clone();
-        let link = self.spec.name.clone();
-        let mut inbound = tokio::spawn(async move {
-            while let Some(frame) = reader.next().await {
-                let frame = frame.map_err(|e| e.to_string())?;
-                if frame.header.kind != FrameKind::Data {
-                    continue;
-                }
-                counters.count_rx(frame.payload.len());
-                processors
-                    .dispatch(Packet {
-                        data: frame.payload,
-                        label: frame.header.label,
-                        hops: frame.header.hops,
-                    })
-                    .await;
-            }
-            Err::<(), String>(format!("peer of {link} closed the connection"))
-        });
+    async fn carry(&mut self, conn: Conn) -> Outcome {
+        let Conn {
+            reader,
+            writer,
+            _quic: quic_connection,
+        } = conn;
+        let mut writer: FrameWriter = FramedWrite::new(writer, FrameCodec);
+        let mut inbound = tokio::spawn(receive(
+            FramedRead::new(reader, FrameCodec),
+            self.counters.clone(),
+            self.context.processors.clone(),
+            self.spec.name.clone(),
+        ));
+        let timer = match PreciseTimer::new() {
+            Ok(t) => t,
+            Err(e) => return Outcome::Broken(format!("timer: {e}")),
+        };
+        let mut wakeup: Option<u64> = None;
         let outcome = loop {
+            let deadline = wakeup.map(|ns| self.epoch + Duration::from_nanos(ns));
             tokio::select! {
                 packet = self.queue.recv() => {
                     let Some(packet) = packet else { break Outcome::Stopped };
-                    if let Err(e) = self.write_burst(&mut writer, packet).await {
-                        break Outcome::Broken(e);
+                    self.intake(packet);
+                }
+                _ = async { timer.sleep_until(deadline.unwrap_or_else(Instant::now)).await }, if deadline.is_some() => {}
+                changed = self.params.changed() => {
+                    if changed.is_err() { break Outcome::Stopped; }
+                    let params = self.params.borrow_and_update().clone();
+                    if let Err(e) = self.pipeline.reconfigure(&params) {
+                        tracing::warn!(link = %self.spec.name, error = %e, "link parameters refused");
+                    } else {
+                        tracing::info!(link = %self.spec.name, "link parameters changed");
                     }
                 }
                 replacement = self.attach.recv() => match replacement {
-                    Some(s) => break Outcome::Replaced(s),
+                    Some(c) => break Outcome::Replaced(c),
                     None => break Outcome::Stopped,
                 },
                 ended = &mut inbound => {
                     break Outcome::Broken(match ended {
-                        Ok(Err(e)) => e,
-                        Ok(Ok(())) => "connection closed".into(),
+                        Ok(e) => e,
                         Err(e) => e.to_string(),
                     });
                 }
                 _ = self.stop.changed() => break Outcome::Stopped,
             }
+            match self.transmit(&mut writer).await {
+                Ok(next) => wakeup = next,
+                Err(e) => break Outcome::Broken(e),
+            }
         };
         inbound.abort();
+        drop(quic_connection);
         outcome
     }
 
-    async fn write_burst(
-        &mut self,
-        writer: &mut FramedWrite<tokio::net::tcp::OwnedWriteHalf, FrameCodec>,
-        first: Packet,
-    ) -> Result<(), String> {
+    /// Puts a packet, and whatever else is waiting, into the pipeline.
+    fn intake(&mut self, first: Packet) {
         let mut next = Some(first);
-        let mut written = 0;
+        let mut taken = 0;
         while let Some(packet) = next.take() {
-            let len = packet.data.len();
-            writer
-                .feed(data_frame(packet))
-                .await
-                .map_err(|e| e.to_string())?;
-            self.counters.count_tx(len);
-            written += 1;
-            if written < WRITE_BATCH {
+            let now = self.now();
+            let meta = PacketMeta::from_ip(&packet.data);
+            let data = packet
+                .data
+                .try_into_mut()
+                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+            self.pipeline.enqueue(
+                Outbound {
+                    data,
+                    label: packet.label,
+                    hops: packet.hops,
+                },
+                meta,
+                now,
+            );
+            taken += 1;
+            if taken < INTAKE_BATCH {
                 next = self.queue.try_recv().ok();
             }
         }
-        writer.flush().await.map_err(|e| e.to_string())
+    }
+
+    /// Sends every packet the pipeline releases now; returns when to look again.
+    async fn transmit(&mut self, writer: &mut FrameWriter) -> Result<Option<u64>, String> {
+        let now = self.now();
+        let next = self.pipeline.poll_into(now, &mut self.ready);
+        let sent = !self.ready.is_empty();
+        for out in self.ready.drain(..) {
+            let len = out.data.len();
+            writer
+                .feed(Frame {
+                    header: FrameHeader {
+                        kind: FrameKind::Data,
+                        hops: out.hops,
+                        flags: 0,
+                        label: out.label,
+                        payload_len: len as u32,
+                    },
+                    payload: out.data.freeze(),
+                })
+                .await
+                .map_err(|e| e.to_string())?;
+            self.counters.count_tx(len);
+        }
+        if sent {
+            writer.flush().await.map_err(|e| e.to_string())?;
+        }
+        self.counters.record_pipeline(self.pipeline.stats());
+        Ok(next)
     }
 }
 
-enum Outcome {
-    Stopped,
-    Replaced(TcpStream),
-    Broken(String),
-}
-
-fn data_frame(packet: Packet) -> Frame {
-    Frame {
-        header: FrameHeader {
-            kind: FrameKind::Data,
-            hops: packet.hops,
-            flags: 0,
-            label: packet.label,
-            payload_len: packet.data.len() as u32,
-        },
-        payload: packet.data,
+/// Connects to the peer and sends the link handshake.
+async fn dial(
+    spec: &LinkSpec,
+    quic: Option<&quinn::Endpoint>,
+    peer: SocketAddr,
+) -> Result<Conn, String> {
+    let hello = LinkHello {
+        topology: spec.topology.clone(),
+        link: spec.name.clone(),
+        node: spec.local_node.clone(),
+    };
+    let hello = Frame::new(FrameKind::Hello, 0, hello.encode());
+    let timeout = Duration::from_secs(2);
+    match spec.transport {
+        Transport::Tcp => {
+            let stream = tokio::time::timeout(timeout, TcpStream::connect(peer))
+                .await
+                .map_err(|_| "connect timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+            stream.set_nodelay(true).map_err(|e| e.to_string())?;
+            let mut conn = Conn::tcp(stream);
+            send_one(&mut conn, hello).await?;
+            Ok(conn)
+        }
+        Transport::Quic => {
+            let endpoint = quic.ok_or("this agent has no QUIC endpoint")?;
+            let connecting = endpoint
+                .connect(peer, quic::SERVER_NAME)
+                .map_err(|e| e.to_string())?;
+            let connection = tokio::time::timeout(timeout, connecting)
+                .await
+                .map_err(|_| "QUIC handshake timed out".to_string())?
+                .map_err(|e| e.to_string())?;
+            let (send, recv) = connection.open_bi().await.map_err(|e| e.to_string())?;
+            let mut conn = Conn::quic(connection, send, recv);
+            send_one(&mut conn, hello).await?;
+            Ok(conn)
+        }
     }
 }
 
-fn control_frame(kind: FrameKind, payload: bytes::Bytes) -> Frame {
-    Frame {
-        header: FrameHeader {
-            kind,
-            hops: 0,
-            flags: 0,
-            label: 0,
-            payload_len: payload.len() as u32,
-        },
-        payload,
+/// A packet inside the pipeline, with what the frame needs besides the bytes.
+#[derive(Debug, Clone)]
+pub struct Outbound {
+    pub data: BytesMut,
+    pub label: u32,
+    pub hops: u8,
+}
+
+impl Payload for Outbound {
+    fn bytes(&self) -> &[u8] {
+        &self.data
     }
+
+    fn edit<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
+        f(&mut self.data)
+    }
+}
+
+async fn send_one(conn: &mut Conn, frame: Frame) -> Result<(), String> {
+    let mut w = FramedWrite::new(&mut conn.writer, FrameCodec);
+    w.send(frame).await.map_err(|e| e.to_string())
+}
+
+/// The receiving half: frames from the peer go to the processors. Returns why
+/// it stopped.
+async fn receive(
+    mut reader: FramedRead<crate::conn::Reader, FrameCodec>,
+    counters: Arc<LinkCounters>,
+    processors: Processors,
+    link: String,
+) -> String {
+    while let Some(frame) = reader.next().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(e) => return format!("bad frame from peer of {link}: {e}"),
+        };
+        if frame.header.kind != FrameKind::Data {
+            continue;
+        }
+        counters.count_rx(frame.payload.len());
+        processors
+            .dispatch(Packet {
+                data: frame.payload,
+                label: frame.header.label,
+                hops: frame.header.hops,
+            })
+            .await;
+    }
+    format!("peer of {link} closed the connection")
 }

@@ -1,6 +1,8 @@
-//! Accepts link connections from peers that dial this node, reads their handshake
-//! and hands each connection to the link it names.
+//! Accepts link connections from peers that dial this node (TCP, and QUIC on
+//! the same port over UDP), reads their handshake and hands each connection to
+//! the link it names.
 
+use crate::conn::Conn;
 use crate::frame::{self, FrameKind, LinkHello};
 use crate::link::LinkHandle;
 use arc_swap::ArcSwap;
@@ -9,7 +11,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpListener;
 
 /// Links by name, swapped whole when the config changes.
 pub type LinkMap = Arc<ArcSwap<HashMap<String, Arc<LinkHandle>>>>;
@@ -31,7 +33,7 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Err(last.unwrap_or_else(|| std::io::Error::other("bind failed")))
 }
 
-pub async fn run(listener: TcpListener, topology: String, links: LinkMap) {
+pub async fn run_tcp(listener: TcpListener, topology: String, links: LinkMap) {
     loop {
         let (stream, from) = match listener.accept().await {
             Ok(c) => c,
@@ -41,25 +43,47 @@ pub async fn run(listener: TcpListener, topology: String, links: LinkMap) {
                 continue;
             }
         };
-        let links = links.clone();
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "set_nodelay failed");
+        }
+        spawn_handshake(Conn::tcp(stream), from, topology.clone(), links.clone());
+    }
+}
+
+pub async fn run_quic(endpoint: quinn::Endpoint, topology: String, links: LinkMap) {
+    while let Some(incoming) = endpoint.accept().await {
         let topology = topology.clone();
+        let links = links.clone();
         tokio::spawn(async move {
-            match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(stream, &topology, &links))
-                .await
-            {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(%from, error = %e, "link handshake refused"),
-                Err(_) => tracing::warn!(%from, "link handshake timed out"),
+            let from = incoming.remote_address();
+            let accepted = async {
+                let connection = incoming.await.map_err(|e| e.to_string())?;
+                let (send, recv) = connection.accept_bi().await.map_err(|e| e.to_string())?;
+                Ok::<_, String>(Conn::quic(connection, send, recv))
+            };
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepted).await {
+                Ok(Ok(conn)) => spawn_handshake(conn, from, topology, links),
+                Ok(Err(e)) => tracing::warn!(%from, error = %e, "QUIC link refused"),
+                Err(_) => tracing::warn!(%from, "QUIC link handshake timed out"),
             }
         });
     }
 }
 
-async fn handshake(mut stream: TcpStream, topology: &str, links: &LinkMap) -> Result<(), String> {
-    stream.set_nodelay(true).map_err(|e| e.to_string())?;
+fn spawn_handshake(conn: Conn, from: SocketAddr, topology: String, links: LinkMap) {
+    tokio::spawn(async move {
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, &topology, &links)).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::warn!(%from, error = %e, "link handshake refused"),
+            Err(_) => tracing::warn!(%from, "link handshake timed out"),
+        }
+    });
+}
+
+async fn handshake(mut conn: Conn, topology: &str, links: &LinkMap) -> Result<(), String> {
     // Read exactly one frame, so no byte of the data that follows is consumed here.
     let mut buf = vec![0u8; 4];
-    stream
+    conn.reader
         .read_exact(&mut buf)
         .await
         .map_err(|e| e.to_string())?;
@@ -68,7 +92,7 @@ async fn handshake(mut stream: TcpStream, topology: &str, links: &LinkMap) -> Re
         return Err(format!("handshake frame of {len} bytes is too long"));
     }
     buf.resize(4 + len, 0);
-    stream
+    conn.reader
         .read_exact(&mut buf[4..])
         .await
         .map_err(|e| e.to_string())?;
@@ -93,6 +117,6 @@ async fn handshake(mut stream: TcpStream, topology: &str, links: &LinkMap) -> Re
             hello.link, link.spec.peer_node, hello.node
         ));
     }
-    link.attach(stream).await;
+    link.attach(conn).await;
     Ok(())
 }

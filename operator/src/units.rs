@@ -1,9 +1,12 @@
-//! Human units as users write them in YAML (`100Mbit`, `10ms`, `0.5%`, `1000pkt`, `500m`).
+//! Human units as users write them in YAML (`100Mbit`, `10ms`, `0.5%`, `1000pkt`, `500m`,
+//! `0.002`).
 //!
 //! Each type parses from and displays as a string, (de)serializes as that string and
 //! describes itself to the CRD schema as a string with a `pattern`, so the API server
 //! rejects garbage before the operator ever sees it. Numbers are parsed as exact
 //! decimals (never through `f64`) so `1.1Gbit` is exactly 1 100 000 000 bit/s.
+//! `Fraction` is the one plain number: it serializes as a JSON number, since that is what
+//! users write for RED's weight, and parses from a string too.
 
 use schemars::{JsonSchema, Schema, SchemaGenerator, json_schema};
 use serde::{Deserialize, Deserializer, Serialize, Serializer, de};
@@ -515,6 +518,120 @@ string_unit!(
 );
 
 // ---------------------------------------------------------------------------------------
+// Fraction
+
+/// A plain decimal between 0 and 1, e.g. `0.002` (RED's averaging weight), stored in
+/// millionths so it is exact. YAML may write it as a number or as a string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Fraction(u32);
+
+impl Fraction {
+    pub const ONE_PPM: u32 = 1_000_000;
+
+    /// `None` above 1.
+    pub const fn from_ppm(ppm: u32) -> Option<Self> {
+        if ppm > Self::ONE_PPM {
+            None
+        } else {
+            Some(Fraction(ppm))
+        }
+    }
+
+    pub const fn ppm(self) -> u32 {
+        self.0
+    }
+}
+
+impl FromStr for Fraction {
+    type Err = UnitError;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        const KIND: &str = "fraction";
+        let fail = |problem| UnitError {
+            kind: KIND,
+            input: s.to_owned(),
+            problem,
+        };
+        let n = split_number(KIND, s, "0.002")?;
+        if !n.unit.is_empty() {
+            return Err(fail(Problem::UnknownUnit {
+                unit: n.unit.to_owned(),
+                expected: "none: a plain decimal such as 0.002",
+            }));
+        }
+        let ppm = n
+            .times(u128::from(Self::ONE_PPM), "millionths", "1")
+            .map_err(fail)?;
+        if ppm > u128::from(Self::ONE_PPM) {
+            return Err(fail(Problem::TooLarge { max: "1" }));
+        }
+        Ok(Fraction(u32::try_from(ppm).unwrap_or(Self::ONE_PPM)))
+    }
+}
+
+impl fmt::Display for Fraction {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&decimal(u128::from(self.0), u128::from(Self::ONE_PPM)))
+    }
+}
+
+impl Serialize for Fraction {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        // A number, because that is what the CRD schema declares. Six decimals survive
+        // f64 exactly: its shortest representation gives the same digits back.
+        serializer.serialize_f64(f64::from(self.0) / f64::from(Self::ONE_PPM))
+    }
+}
+
+impl<'de> Deserialize<'de> for Fraction {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct V;
+        impl de::Visitor<'_> for V {
+            type Value = Fraction;
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("a decimal between 0 and 1, e.g. 0.002")
+            }
+            fn visit_str<E: de::Error>(self, s: &str) -> Result<Fraction, E> {
+                s.parse().map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Fraction, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Fraction, E> {
+                self.visit_str(&n.to_string())
+            }
+            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Fraction, E> {
+                // f64's Display is the shortest exact round trip and never uses an
+                // exponent: 0.002 -> "0.002", 1e-7 -> "0.0000001" (then too precise).
+                self.visit_str(&n.to_string())
+            }
+        }
+        deserializer.deserialize_any(V)
+    }
+}
+
+impl JsonSchema for Fraction {
+    fn inline_schema() -> bool {
+        true
+    }
+
+    fn schema_name() -> Cow<'static, str> {
+        "Fraction".into()
+    }
+
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        // A structural CRD schema cannot say "number or string", so the API server
+        // takes the number form; local mode also accepts the string form.
+        json_schema!({
+            "type": "number",
+            "minimum": 0,
+            "maximum": 1,
+            "description": "a decimal between 0 and 1, e.g. 0.002",
+        })
+    }
+}
+
+// ---------------------------------------------------------------------------------------
 // Size
 
 /// An amount of data: bytes (`100MB` decimal, `1MiB`/`64Mi` binary, bare number = bytes)
@@ -779,6 +896,33 @@ mod tests {
     }
 
     #[test]
+    fn fractions() {
+        let f = |s: &str| {
+            s.parse::<Fraction>()
+                .map(Fraction::ppm)
+                .unwrap_or_else(|e| panic!("{s}: {e}"))
+        };
+        assert_eq!(f("0.002"), 2_000);
+        assert_eq!(f("1"), 1_000_000);
+        assert_eq!(f("0"), 0);
+        assert_eq!(f("0.000001"), 1);
+        assert!(err::<Fraction>("1.5").contains("exceeds the maximum of 1"));
+        assert!(err::<Fraction>("0.0000001").contains("not a whole number of millionths"));
+        assert!(err::<Fraction>("0.5%").contains("unknown unit \"%\""));
+        assert!(err::<Fraction>("-0.1").contains("negative"));
+        let from_yaml = |y: &str| serde_norway::from_str::<Fraction>(y).map(Fraction::ppm);
+        assert_eq!(from_yaml("0.002").ok(), Some(2_000), "a YAML number");
+        assert_eq!(from_yaml("\"0.002\"").ok(), Some(2_000), "a string");
+        assert_eq!(from_yaml("1").ok(), Some(1_000_000), "an integer");
+        assert!(from_yaml("1.0e-7").is_err());
+        assert_eq!(Fraction(2_000).to_string(), "0.002");
+        assert_eq!(
+            serde_json::to_value(Fraction(2_000)).ok(),
+            Some(serde_json::json!(0.002))
+        );
+    }
+
+    #[test]
     fn sizes() {
         let s = |s: &str| s.parse::<Size>().unwrap_or_else(|e| panic!("{s}: {e}"));
         assert_eq!(s("100MB"), Size::Bytes(100_000_000));
@@ -910,6 +1054,14 @@ mod tests {
         }
 
         #[test]
+        fn fraction_round_trips_through_text_and_json(ppm in 0..=Fraction::ONE_PPM) {
+            let f = Fraction(ppm);
+            prop_assert_eq!(f.to_string().parse::<Fraction>(), Ok(f));
+            let json = serde_json::to_string(&f).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            prop_assert_eq!(serde_json::from_str::<Fraction>(&json).ok(), Some(f));
+        }
+
+        #[test]
         fn cpu_round_trips(millis: u32) {
             let c = Cpu(millis);
             prop_assert_eq!(c.to_string().parse::<Cpu>(), Ok(c));
@@ -928,6 +1080,7 @@ mod tests {
             let _ = s.parse::<Percent>();
             let _ = s.parse::<Size>();
             let _ = s.parse::<Cpu>();
+            let _ = s.parse::<Fraction>();
         }
     }
 }

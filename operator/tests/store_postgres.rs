@@ -39,6 +39,12 @@ fn line3() -> Plan {
     plan::plan_manifest(&manifest).expect("plans").remove(0)
 }
 
+fn shaped() -> Plan {
+    let text = include_str!("../../manifests/examples/shaped.yaml");
+    let manifest = plan::parse_manifest("shaped.yaml", text).expect("parses");
+    plan::plan_manifest(&manifest).expect("plans").remove(0)
+}
+
 fn hashes(plan: &Plan) -> BTreeMap<String, String> {
     plan.nodes
         .iter()
@@ -159,6 +165,7 @@ async fn counters_upsert_in_batches_and_everything_goes_with_the_topology() {
         rx_packets: 1,
         drops: 0,
         connects: 1,
+        ..Default::default()
     };
     // The same key twice in one batch: the later row wins, the batch succeeds.
     store
@@ -201,4 +208,156 @@ async fn counters_upsert_in_batches_and_everything_goes_with_the_topology() {
         .await
         .expect("stale batch is dropped");
     assert!(!store.delete_topology("line3").await.expect("delete again"));
+}
+
+#[tokio::test]
+async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
+    let db = start_db("params");
+    let store = Store::connect(&db.pg.url()).await.expect("connect");
+    let line3 = line3();
+    let shaped = shaped();
+    for p in [&line3, &shaped] {
+        store
+            .apply_plan(p, "netns", "source", &hashes(p))
+            .await
+            .expect("apply");
+    }
+    let load = |name: &'static str| {
+        let store = store.clone();
+        async move { store.load_plan(name).await.expect("load").expect("exists") }
+    };
+    let (loaded, generation) = load("shaped").await;
+    assert_eq!(generation, 1);
+    assert_eq!(
+        loaded, shaped,
+        "queue, AQM, scheduler, classes and both directions survive the JSON columns"
+    );
+
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .expect("listener");
+    listener.listen(TOPOLOGY_CHANNEL).await.expect("listen");
+
+    // What a control script does: change one key of one direction in place.
+    sqlx::query(
+        "UPDATE links SET params_forward = jsonb_set(params_forward, '{rate_bps}', '20000000') \
+         WHERE name = 'a-b'",
+    )
+    .execute(store.pool())
+    .await
+    .expect("update");
+    let note = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a NOTIFY within 5 s")
+        .expect("notification");
+    assert_eq!(note.payload(), "line3");
+    let (changed, generation) = load("line3").await;
+    assert_eq!(generation, 2, "bumped exactly once");
+    let ab = changed.link("a-b").expect("a-b");
+    assert_eq!(ab.forward.rate_bps, Some(20_000_000));
+    assert_eq!(
+        ab.backward.rate_bps, None,
+        "the other direction is untouched"
+    );
+    assert_eq!(load("shaped").await.1, 1, "other topologies are untouched");
+
+    // One statement changing several links is one new generation; a statement that
+    // leaves every row as it was is none.
+    sqlx::query("UPDATE links SET params_backward = jsonb_set(params_backward, '{loss_ppm}', '7')")
+        .execute(store.pool())
+        .await
+        .expect("update all");
+    assert_eq!(load("line3").await.1, 3);
+    assert_eq!(load("shaped").await.1, 2);
+    sqlx::query("UPDATE links SET transport = transport")
+        .execute(store.pool())
+        .await
+        .expect("no-op update");
+    assert_eq!(load("line3").await.1, 3);
+
+    // Re-applying deletes and re-inserts links: the topology's own bump, no second one.
+    let g = store
+        .apply_plan(&line3, "netns", "source", &hashes(&line3))
+        .await
+        .expect("re-apply");
+    assert_eq!(g, 4);
+    assert_eq!(load("line3").await, (line3, 4));
+
+    // A misspelt key is refused when read, naming the link and column, rather than
+    // silently leaving the link unshaped.
+    sqlx::query(
+        r#"UPDATE links SET params_forward = params_forward || '{"rate": 5}' WHERE name = 'core'"#,
+    )
+    .execute(store.pool())
+    .await
+    .expect("update");
+    let err = store
+        .load_plan("shaped")
+        .await
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("link core params_forward") && err.contains("unknown field `rate`"),
+        "{err}"
+    );
+}
+
+/// Rows written before the parameters moved to JSON keep their values, in both directions.
+#[tokio::test]
+async fn migration_0002_carries_old_link_columns_into_json() {
+    let db = start_db("migrate-0002");
+    let pool = sqlx::PgPool::connect(&db.pg.url()).await.expect("connect");
+    sqlx::migrate!("./migrations")
+        .run_to(1, &pool)
+        .await
+        .expect("schema of 0001");
+    let id: i64 = sqlx::query_scalar(
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source) \
+         VALUES ('old', 'netns', 'netns', '198.18.0.0/16', '198.19.0.0/17', 2, 'sequential', 1400, '') RETURNING id",
+    )
+    .fetch_one(&pool)
+    .await
+    .expect("topology");
+    for (name, idx) in [("a", 0), ("b", 1)] {
+        sqlx::query(
+            "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, credential_sha256) \
+             VALUES ($1, $2, $3, $4, $5, '')",
+        )
+        .bind(id)
+        .bind(name)
+        .bind(idx)
+        .bind(format!("198.18.0.{}", idx + 1))
+        .bind(format!("198.19.0.{}", idx + 1))
+        .execute(&pool)
+        .await
+        .expect("node");
+    }
+    sqlx::query(
+        "INSERT INTO links (topology_id, name, dialer, acceptor, transport, rate_bps, delay_us, jitter_us, loss_ppm, queue_packets) \
+         VALUES ($1, 'a-b', 'a', 'b', 'tcp', 100000000, 5000, NULL, 1000, 64)",
+    )
+    .bind(id)
+    .execute(&pool)
+    .await
+    .expect("old link row");
+    pool.close().await;
+
+    let store = Store::connect(&db.pg.url())
+        .await
+        .expect("migrates the rest");
+    let (plan, generation) = store.load_plan("old").await.expect("load").expect("exists");
+    assert_eq!(generation, 1, "migrating is not a change of desired state");
+    let ab = plan.link("a-b").expect("a-b");
+    let expected = plan::LinkParams {
+        rate_bps: Some(100_000_000),
+        delay: Some(Duration::from_millis(5)),
+        loss_ppm: Some(1_000),
+        queue: plan::QueueParams {
+            limit_packets: Some(64),
+            ..plan::QueueParams::default()
+        },
+        ..plan::LinkParams::default()
+    };
+    assert_eq!((&ab.forward, &ab.backward), (&expected, &expected));
 }

@@ -6,15 +6,22 @@
 //! local mode and for what needs the whole topology (unknown nodes, reachability).
 
 mod common;
+mod discipline;
 mod flow;
 mod link;
+mod params;
 mod topology;
 
 pub use common::{
     CidrError, Condition, ConditionStatus, DNS_LABEL_MAX, DNS_LABEL_PATTERN, Ipv4Cidr, Transport,
 };
+pub use discipline::{
+    AqmSpec, ClassSpec, DrrSpec, EcnSpec, MAX_BANDS, MAX_CLASSES, MAX_QUEUES, NoSettings,
+    PrioritySpec, Protocol, QueueSpec, RedSpec, SchedulerSpec, WrrSpec,
+};
 pub use flow::{Flow, FlowPhase, FlowSpec, FlowStatus};
-pub use link::{Link, LinkParamsSpec, LinkSpec, LinkStatus};
+pub use link::{Link, LinkSpec, LinkStatus};
+pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
     NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus,

@@ -1,8 +1,8 @@
 //! The `Topology` kind: nodes, dataplane settings, address pools and link defaults.
 
 use super::common::{Condition, DNS_LABEL_PATTERN, Ipv4Cidr, Transport};
-use super::link::LinkParamsSpec;
-use crate::units::{Cpu, Duration, Percent, Rate, Size};
+use super::params::{LinkDefaultsSpec, LinkParamsSpec, with_link_params};
+use crate::units::{Cpu, Size};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -36,9 +36,9 @@ pub struct TopologySpec {
     /// Settings of every node's dataplane.
     #[serde(default)]
     pub dataplane: DataplaneSpec,
-    /// Parameters for links that do not set them themselves.
+    /// Parameters every link inherits for the fields it leaves unset (in both directions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub link_defaults: Option<LinkParamsSpec>,
+    pub link_defaults: Option<LinkDefaultsSpec>,
     /// Address pools for the overlay (TUN) and underlay (bridge / pod) networks.
     #[serde(default)]
     pub addressing: AddressingSpec,
@@ -174,55 +174,32 @@ pub struct ResourcesSpec {
     pub memory: Option<Size>,
 }
 
-/// A link listed inside the Topology.
-#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct InlineLinkSpec {
-    /// Link name; defaults to `<first endpoint>-<second endpoint>`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub name: Option<String>,
-    /// The two nodes joined by the link. The first one dials, the second accepts.
-    #[schemars(
-        length(min = 2, max = 2),
-        inner(pattern(DNS_LABEL_PATTERN), length(max = 63))
-    )]
-    #[x_kube(validation = Rule::new("self.size() != 2 || self[0] != self[1]").message("endpoints must name two different nodes"))]
-    pub endpoints: Vec<String>,
-    /// Bandwidth in bits per second, e.g. `100Mbit`; falls back to `linkDefaults.rate`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub rate: Option<Rate>,
-    /// Token-bucket burst allowed above `rate`, e.g. `64KiB`; falls back to `linkDefaults.burst`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub burst: Option<Size>,
-    /// One-way propagation delay, e.g. `5ms`; falls back to `linkDefaults.delay`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub delay: Option<Duration>,
-    /// Random variation added to `delay`, e.g. `1ms`; falls back to `linkDefaults.jitter`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub jitter: Option<Duration>,
-    /// Probability that a frame is dropped, e.g. `0.1%`; falls back to `linkDefaults.loss`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub loss: Option<Percent>,
-    /// Queue limit at the sender (`1000pkt` or `1MiB`); falls back to `linkDefaults.queue`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub queue: Option<Size>,
-    /// `tcp` or `quic`; falls back to `linkDefaults.transport`, then `tcp`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub transport: Option<Transport>,
-}
-
-impl InlineLinkSpec {
-    /// The link's own parameters, before falling back to `linkDefaults`.
-    pub fn params(&self) -> LinkParamsSpec {
-        LinkParamsSpec {
-            rate: self.rate,
-            burst: self.burst,
-            delay: self.delay,
-            jitter: self.jitter,
-            loss: self.loss,
-            queue: self.queue,
-            transport: self.transport,
-        }
+with_link_params! {
+    /// A link listed inside the Topology, with the same parameters as a `Link` object.
+    #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct InlineLinkSpec {
+        /// Link name; defaults to `<first endpoint>-<second endpoint>`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub name: Option<String>,
+        /// The two nodes joined by the link. The first one dials, the second accepts.
+        #[schemars(
+            length(min = 2, max = 2),
+            inner(pattern(DNS_LABEL_PATTERN), length(max = 63))
+        )]
+        #[x_kube(validation = Rule::new("self.size() != 2 || self[0] != self[1]").message("endpoints must name two different nodes"))]
+        pub endpoints: Vec<String>,
+        /// `tcp` or `quic`; falls back to `linkDefaults.transport`, then `tcp`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub transport: Option<Transport>,
+        /// Overrides for the direction from `endpoints[0]` to `endpoints[1]` (what the
+        /// first node sends), field by field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub forward: Option<LinkParamsSpec>,
+        /// Overrides for the direction from `endpoints[1]` to `endpoints[0]` (what the
+        /// second node sends), field by field.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub backward: Option<LinkParamsSpec>,
     }
 }
 

@@ -4,6 +4,7 @@
 //! topology its new snapshot; it stores acknowledgements and counters.
 
 mod batcher;
+mod params;
 mod snapshot;
 
 pub use snapshot::TopologyView;
@@ -114,7 +115,14 @@ impl Hub {
             views.remove(topology);
             return Ok(None);
         };
-        let view = Arc::new(TopologyView::new(plan, generation));
+        let mut view = TopologyView::new(plan, generation);
+        view.identity = self
+            .inner
+            .store
+            .link_identity(topology)
+            .await
+            .map_err(unavailable)?;
+        let view = Arc::new(view);
         views.insert(topology.to_string(), view.clone());
         Ok(Some(view))
     }
@@ -265,6 +273,12 @@ impl Hub {
                             rx_packets: l.rx_packets,
                             drops: l.drops,
                             connects: l.connects,
+                            drops_queue: l.drops_queue,
+                            drops_aqm: l.drops_aqm,
+                            drops_loss: l.drops_loss,
+                            ecn_marks: l.ecn_marks,
+                            queue_packets: l.queue_packets,
+                            queue_bytes: l.queue_bytes,
                         })
                         .collect();
                     self.inner.counters.push(rows).await;

@@ -10,6 +10,8 @@ pub struct TopologyView {
     pub generation: i64,
     pub plan: Plan,
     pub hops: BTreeMap<String, Vec<NextHop>>,
+    /// The topology's link certificate and key, handed to every agent.
+    pub identity: Option<crate::store::LinkIdentity>,
 }
 
 impl TopologyView {
@@ -19,6 +21,7 @@ impl TopologyView {
             generation,
             plan,
             hops,
+            identity: None,
         }
     }
 
@@ -44,14 +47,13 @@ impl TopologyView {
                         Transport::Tcp => "tcp".into(),
                         Transport::Quic => "quic".into(),
                     },
-                    params: Some(pb::LinkParams {
-                        rate_bps: link.params.rate_bps.unwrap_or(0),
-                        delay_us: link.params.delay.map_or(0, |d| d.as_micros() as u64),
-                        jitter_us: link.params.jitter.map_or(0, |d| d.as_micros() as u64),
-                        loss_ppm: link.params.loss_ppm.unwrap_or(0),
-                        queue_packets: link.params.queue_packets.unwrap_or(0),
-                        ..Default::default()
-                    }),
+                    // Each end enforces the direction it sends: the dialer is
+                    // endpoints[0], so it sends forward.
+                    params: Some(super::params::to_proto(if dial {
+                        &link.forward
+                    } else {
+                        &link.backward
+                    })),
                 })
             })
             .collect();
@@ -102,6 +104,16 @@ impl TopologyView {
                         overlay_addr: n.overlay.to_string(),
                     })
                     .collect(),
+                link_cert_der: self
+                    .identity
+                    .as_ref()
+                    .map(|i| i.cert_der.clone())
+                    .unwrap_or_default(),
+                link_key_der: self
+                    .identity
+                    .as_ref()
+                    .map(|i| i.key_der.clone())
+                    .unwrap_or_default(),
             }),
             links,
             routes: Some(pb::RouteTable {
@@ -185,5 +197,70 @@ mod tests {
     fn unknown_node_gets_no_snapshot() {
         let view = TopologyView::new(line3(), 1);
         assert!(view.snapshot("z", 1000).is_none());
+    }
+
+    /// In the shaped example the router dials `access` and the client accepts it: each
+    /// gets the direction it sends, with every parameter of the shaped `core` link.
+    #[test]
+    fn each_end_gets_the_direction_it_sends() {
+        let text = include_str!("../../../manifests/examples/shaped.yaml");
+        let manifest = crate::plan::parse_manifest("shaped.yaml", text).expect("parses");
+        let plan = crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0);
+        let view = TopologyView::new(plan, 1);
+        let params = |node: &str, link: &str| {
+            view.snapshot(node, 1000)
+                .and_then(|s| s.links.into_iter().find(|l| l.name == link))
+                .and_then(|l| l.params)
+                .unwrap_or_else(|| panic!("{node} has no params for {link}"))
+        };
+        let router = params("router", "access");
+        let client = params("client", "access");
+        assert_eq!((router.rate_bps, router.burst_bytes), (20_000_000, 0));
+        assert_eq!((client.rate_bps, client.burst_bytes), (2_000_000, 16_000));
+        assert_eq!((router.loss_ppm, client.loss_ppm), (1_000, 5_000));
+        assert_eq!(client.loss_correlation_ppm, 250_000);
+        for p in [&router, &client] {
+            assert_eq!((p.delay_us, p.jitter_us), (10_000, 2_000));
+            assert_eq!(p.jitter_distribution, pb::JitterDistribution::Normal as i32);
+            assert_eq!(p.queue.as_ref().map(|q| q.limit_packets), Some(1000));
+        }
+
+        let core = params("server", "core");
+        assert_eq!(core, params("router", "core"), "no override on core");
+        assert_eq!((core.rate_bps, core.delay_us), (100_000_000, 20_000));
+        assert_eq!(
+            core.queue.and_then(|q| q.aqm),
+            Some(pb::queue_config::Aqm::Red(pb::Red {
+                min_packets: 50,
+                max_packets: 150,
+                max_p_ppm: 100_000,
+                weight_ppm: 2_000,
+                ecn: true,
+            }))
+        );
+        assert_eq!(
+            core.scheduler.and_then(|s| s.kind),
+            Some(pb::scheduler_config::Kind::Wrr(pb::Wrr {
+                weights: vec![4, 1]
+            }))
+        );
+        let rule = |dscp, protocol, src_port, dst_port| pb::ClassRule {
+            queue: 0,
+            dscp,
+            src_port,
+            dst_port,
+            protocol,
+            max_packet_bytes: None,
+        };
+        assert_eq!(
+            core.classes,
+            [
+                rule(Some(46), None, None, None),
+                rule(None, Some(6), None, Some(22)),
+                rule(None, Some(6), Some(22), None),
+            ]
+        );
     }
 }

@@ -6,7 +6,7 @@ use super::address;
 use super::errors::ValidationErrors;
 use super::generate::Shape;
 use super::parse::{Doc, Manifest};
-use crate::api::{Flow, Link, LinkParamsSpec, ResourcesSpec, Topology};
+use crate::api::{Flow, Link, LinkParamsSpec, ResourcesSpec, Topology, Transport};
 use std::collections::HashMap;
 
 /// A topology with the Link and Flow objects that name it.
@@ -32,6 +32,10 @@ pub(crate) struct DraftLink<'a> {
     pub endpoints_field: String,
     /// The link's own parameters, before `linkDefaults`.
     pub params: LinkParamsSpec,
+    pub transport: Option<Transport>,
+    /// Overrides for what the first endpoint sends, and for what the second sends.
+    pub forward: Option<LinkParamsSpec>,
+    pub backward: Option<LinkParamsSpec>,
     /// Prefix of the parameter fields, e.g. `spec` or `spec.links[1]`.
     pub params_field: String,
 }
@@ -140,6 +144,9 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                             endpoints: vec![a, b],
                             endpoints_field: field.to_owned(),
                             params: LinkParamsSpec::default(),
+                            transport: None,
+                            forward: None,
+                            backward: None,
                             params_field: field.to_owned(),
                         }));
                 }
@@ -171,18 +178,27 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                 endpoints: link.endpoints.clone(),
                 endpoints_field: format!("{prefix}.endpoints"),
                 params: link.params(),
+                transport: link.transport,
+                forward: link.forward.clone(),
+                backward: link.backward.clone(),
                 params_field: prefix,
             }
         }));
 
-    draft.links.extend(group.links.iter().map(|doc| DraftLink {
-        name: name_of(&doc.object).to_owned(),
-        document: doc.origin.as_str(),
-        name_field: "metadata.name".to_owned(),
-        endpoints: doc.object.spec.endpoints.clone(),
-        endpoints_field: "spec.endpoints".to_owned(),
-        params: doc.object.spec.params(),
-        params_field: "spec".to_owned(),
+    draft.links.extend(group.links.iter().map(|doc| {
+        let spec = &doc.object.spec;
+        DraftLink {
+            name: name_of(&doc.object).to_owned(),
+            document: doc.origin.as_str(),
+            name_field: "metadata.name".to_owned(),
+            endpoints: spec.endpoints.clone(),
+            endpoints_field: "spec.endpoints".to_owned(),
+            params: spec.params(),
+            transport: spec.transport,
+            forward: spec.forward.clone(),
+            backward: spec.backward.clone(),
+            params_field: "spec".to_owned(),
+        }
     }));
     draft
 }

@@ -4,9 +4,10 @@
 use super::address;
 use super::assemble::{Draft, name_of};
 use super::model::{
-    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode,
-    Resources, Transport,
+    Dataplane, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode, Resources,
+    Transport,
 };
+use super::params::resolve;
 use crate::api;
 use crate::units::Size;
 
@@ -35,16 +36,6 @@ impl From<api::Transport> for Transport {
             api::Transport::Quic => Transport::Quic,
         }
     }
-}
-
-/// Queue limit in packets; a byte limit becomes the packets of `mtu` bytes it holds,
-/// rounded up so a non-zero limit never becomes zero.
-fn queue_packets(queue: Size, mtu: u32) -> u32 {
-    let packets = match queue {
-        Size::Packets(p) => p,
-        Size::Bytes(b) => b.div_ceil(u64::from(mtu.max(1))),
-    };
-    u32::try_from(packets).unwrap_or(u32::MAX)
 }
 
 pub(crate) fn plan(draft: &Draft) -> Plan {
@@ -76,25 +67,32 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         })
         .collect();
 
-    let defaults = spec.link_defaults.clone().unwrap_or_default();
+    let defaults = spec.link_defaults.as_ref();
+    let defaults_params = defaults.map(|d| d.params());
+    let default_transport = defaults.and_then(|d| d.transport);
     let mut links: Vec<PlannedLink> = draft
         .links
         .iter()
         .map(|link| {
-            let p = link.params.with_defaults(&defaults);
             let endpoint = |i: usize| link.endpoints.get(i).cloned().unwrap_or_default();
+            let direction = |over: Option<&api::LinkParamsSpec>| {
+                let layers: Vec<&api::LinkParamsSpec> = defaults_params
+                    .iter()
+                    .chain([&link.params])
+                    .chain(over)
+                    .collect();
+                resolve(&layers)
+            };
             PlannedLink {
                 name: link.name.clone(),
                 dialer: endpoint(0),
                 acceptor: endpoint(1),
-                transport: p.transport.map_or(Transport::Tcp, Transport::from),
-                params: LinkParams {
-                    rate_bps: p.rate.map(|r| r.bps()),
-                    delay: p.delay.map(|d| d.as_std()),
-                    jitter: p.jitter.map(|d| d.as_std()),
-                    loss_ppm: p.loss.map(|l| l.ppm()),
-                    queue_packets: p.queue.map(|q| queue_packets(q, dataplane.mtu)),
-                },
+                transport: link
+                    .transport
+                    .or(default_transport)
+                    .map_or(Transport::Tcp, Transport::from),
+                forward: direction(link.forward.as_ref()),
+                backward: direction(link.backward.as_ref()),
             }
         })
         .collect();

@@ -6,7 +6,7 @@ use std::fmt;
 pub const WHOLE_DOCUMENT: &str = "(document)";
 
 /// One problem in a manifest: which document, which field, and what is wrong.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[error("{document}: {field}: {reason}")]
 pub struct FieldError {
     /// E.g. `line3.yaml document 2 (Link/a-b)`.

@@ -7,10 +7,14 @@ mod build;
 mod errors;
 mod generate;
 pub mod model;
+mod params;
+mod params_check;
 mod parse;
 mod routes;
 mod validate;
 
+#[cfg(test)]
+mod params_tests;
 #[cfg(test)]
 mod tests;
 

@@ -12,7 +12,7 @@ const BAD_TOPOLOGY: &str = include_str!("../../tests/fixtures/bad-topology.yaml"
 const BAD_FLOWS: &str = include_str!("../../tests/fixtures/bad-flows.yaml");
 const BAD_GENERATOR: &str = include_str!("../../tests/fixtures/bad-generator.yaml");
 
-fn parse(source: &str, text: &str) -> Manifest {
+pub(super) fn parse(source: &str, text: &str) -> Manifest {
     parse_manifest(source, text).unwrap_or_else(|e| panic!("{source} should parse:\n{e}"))
 }
 
@@ -20,20 +20,20 @@ fn plans(source: &str, text: &str) -> Vec<Plan> {
     plan_manifest(&parse(source, text)).unwrap_or_else(|e| panic!("{source} should plan:\n{e}"))
 }
 
-fn plan(source: &str, text: &str) -> Plan {
+pub(super) fn plan(source: &str, text: &str) -> Plan {
     let mut all = plans(source, text);
     assert_eq!(all.len(), 1, "{source} holds one topology");
     all.remove(0)
 }
 
-fn parse_errors(source: &str, text: &str) -> Vec<FieldError> {
+pub(super) fn parse_errors(source: &str, text: &str) -> Vec<FieldError> {
     match parse_manifest(source, text) {
         Ok(m) => panic!("{source} should not parse, got {m:?}"),
         Err(e) => e.0,
     }
 }
 
-fn plan_errors(source: &str, text: &str) -> Vec<FieldError> {
+pub(super) fn plan_errors(source: &str, text: &str) -> Vec<FieldError> {
     match plan_manifest(&parse(source, text)) {
         Ok(p) => panic!("{source} should not plan, got {p:?}"),
         Err(e) => e.0,
@@ -42,7 +42,7 @@ fn plan_errors(source: &str, text: &str) -> Vec<FieldError> {
 
 /// Asserts that exactly this (document, field) pair was reported, with `reason` in it.
 #[track_caller]
-fn expect(errors: &[FieldError], document: &str, field: &str, reason: &str) {
+pub(super) fn expect(errors: &[FieldError], document: &str, field: &str, reason: &str) {
     let found: Vec<&FieldError> = errors
         .iter()
         .filter(|e| e.document == document && e.field == field)
@@ -320,19 +320,22 @@ fn line3_addresses_dialers_and_params() {
     assert_eq!((ab.dialer.as_str(), ab.acceptor.as_str()), ("a", "b"));
     assert_eq!(ab.transport, Transport::Tcp);
     assert_eq!(
-        ab.params,
+        ab.forward,
         LinkParams {
             rate_bps: Some(100_000_000),
             delay: Some(Duration::from_millis(5)),
-            jitter: None,
             loss_ppm: Some(1_000),
-            queue_packets: None,
+            ..LinkParams::default()
         }
+    );
+    assert_eq!(
+        ab.backward, ab.forward,
+        "no override: both directions alike"
     );
     let bc = p.link("b-c").expect("b-c");
     assert_eq!((bc.dialer.as_str(), bc.acceptor.as_str()), ("b", "c"));
     assert_eq!(bc.transport, Transport::Quic);
-    assert_eq!(bc.params.rate_bps, Some(50_000_000));
+    assert_eq!(bc.forward.rate_bps, Some(50_000_000));
 
     assert_eq!(
         p.flows,
@@ -411,23 +414,26 @@ fn ring6_generator_inline_links_and_defaults() {
     );
     let wrap = p.link("n5-n0").expect("n5-n0");
     assert_eq!((wrap.dialer.as_str(), wrap.acceptor.as_str()), ("n5", "n0"));
-    assert_eq!(wrap.params.rate_bps, Some(200_000_000));
-    assert_eq!(wrap.params.queue_packets, Some(1000));
+    assert_eq!(wrap.forward.rate_bps, Some(200_000_000));
+    assert_eq!(wrap.forward.queue.limit_packets, Some(1000));
     let shortcut = p.link("shortcut").expect("shortcut");
     assert_eq!(
-        shortcut.params.delay,
+        shortcut.forward.delay,
         Some(Duration::from_millis(20)),
         "own value wins"
     );
     assert_eq!(
-        shortcut.params.rate_bps,
+        shortcut.forward.rate_bps,
         Some(200_000_000),
         "default fills in"
     );
     assert_eq!(
-        shortcut.params.queue_packets,
-        Some(100),
-        "140KB of 1400-byte packets"
+        (
+            shortcut.forward.queue.limit_packets,
+            shortcut.forward.queue.limit_bytes
+        ),
+        (None, Some(140_000)),
+        "the limit is one field: the link's byte limit replaces the default packet limit"
     );
 
     assert_eq!(
@@ -465,7 +471,7 @@ fn fat_tree_routes_have_textbook_lengths() {
     assert!(
         p.links
             .iter()
-            .all(|l| l.transport == Transport::Quic && l.params.rate_bps == Some(10_000_000_000))
+            .all(|l| l.transport == Transport::Quic && l.forward.rate_bps == Some(10_000_000_000))
     );
     let hosts: Vec<&PlannedNode> = p
         .nodes
@@ -731,7 +737,7 @@ fn generator_rules() {
     );
 }
 
-fn topology_with(spec: &str) -> String {
+pub(super) fn topology_with(spec: &str) -> String {
     format!(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: t}}\nspec: {spec}\n"
     )
@@ -796,7 +802,7 @@ fn link_shape_and_parameter_rules() {
     let text = topology_with(
         "{nodes: [{name: a}, {name: b}, {name: c}], links: [\
          {endpoints: [a, b, c]}, \
-         {endpoints: [a, b], queue: 0pkt, burst: 10pkt, rate: 0Mbit}, \
+         {endpoints: [a, b], queue: {limit: 0pkt}, burst: 10pkt, rate: 0Mbit}, \
          {name: a-b, endpoints: [b, c]}]}",
     );
     let errors = plan_errors("links.yaml", &text);
@@ -810,7 +816,7 @@ fn link_shape_and_parameter_rules() {
     expect(
         &errors,
         doc,
-        "spec.links[1].queue",
+        "spec.links[1].queue.limit",
         "must hold at least 1 packet",
     );
     expect(

@@ -4,8 +4,9 @@
 use super::address;
 use super::assemble::{Draft, DraftLink, name_of};
 use super::errors::ValidationErrors;
+use super::params_check;
 use super::routes::Graph;
-use crate::api::{DNS_LABEL_MAX, FlowSpec, LinkParamsSpec};
+use crate::api::{DNS_LABEL_MAX, FlowSpec};
 use crate::units::Size;
 use std::collections::{HashMap, HashSet};
 
@@ -15,10 +16,8 @@ pub(crate) const MTU: std::ops::RangeInclusive<u32> = 576..=9000;
 pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     dataplane(draft, errors);
     address::check(draft, errors);
-    if let Some(defaults) = &draft.doc.object.spec.link_defaults {
-        link_params(defaults, &draft.doc.origin, "spec.linkDefaults", errors);
-    }
     let nodes = nodes(draft, errors);
+    params_check::check(draft, errors);
     let graph = links(draft, &nodes, errors);
     flows(draft, &graph, errors);
 }
@@ -126,51 +125,6 @@ fn nodes<'d>(draft: &'d Draft, errors: &mut ValidationErrors) -> Vec<&'d str> {
     names
 }
 
-pub(crate) fn link_params(
-    params: &LinkParamsSpec,
-    document: &str,
-    prefix: &str,
-    errors: &mut ValidationErrors,
-) {
-    if params.rate.is_some_and(|r| r.bps() == 0) {
-        errors.push(
-            document,
-            format!("{prefix}.rate"),
-            "must be greater than 0 (leave it unset for an unlimited link)",
-        );
-    }
-    match params.burst {
-        Some(Size::Packets(_)) => errors.push(
-            document,
-            format!("{prefix}.burst"),
-            "must be in bytes, e.g. 64KiB",
-        ),
-        Some(Size::Bytes(0)) => errors.push(
-            document,
-            format!("{prefix}.burst"),
-            "must be greater than 0",
-        ),
-        _ => {}
-    }
-    match params.queue {
-        Some(Size::Packets(0) | Size::Bytes(0)) => {
-            errors.push(
-                document,
-                format!("{prefix}.queue"),
-                "must hold at least 1 packet",
-            );
-        }
-        Some(Size::Packets(p)) if p > u64::from(u32::MAX) => {
-            errors.push(
-                document,
-                format!("{prefix}.queue"),
-                format!("must be at most {}pkt, got {p}pkt", u32::MAX),
-            );
-        }
-        _ => {}
-    }
-}
-
 /// Checks every link; returns the graph of the well-formed ones for the flow checks.
 fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors) -> Graph<'d> {
     let known: HashSet<&str> = nodes.iter().copied().collect();
@@ -179,7 +133,6 @@ fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors)
     let mut good = Vec::with_capacity(draft.links.len());
     for link in &draft.links {
         let doc = link.document;
-        link_params(&link.params, doc, &link.params_field, errors);
         match names.get(link.name.as_str()) {
             Some(first) => errors.push(
                 doc,

@@ -3,6 +3,7 @@
 //! per node (the Nextmini paper's namespace mode). A Kubernetes runtime (pods)
 //! implements the same trait.
 
+pub mod cgroup;
 pub mod names;
 pub mod netlink;
 pub mod netns;

@@ -3,7 +3,7 @@
 
 use super::netlink::{self, connect_here};
 use super::process::{self, AgentLaunch};
-use super::{Progress, Removed, Runtime, RuntimeError, names};
+use super::{Progress, Removed, Runtime, RuntimeError, cgroup, names};
 use crate::plan::{Plan, PlannedNode};
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -26,6 +26,14 @@ pub struct NetnsRuntime {
 }
 
 impl NetnsRuntime {
+    /// Whether every namespace of the topology exists with its agent running:
+    /// only then can a change be applied in place.
+    pub fn is_running(&self, plan: &Plan) -> bool {
+        let prefix = names::netns_prefix(&plan.topology);
+        let nodes = plan.nodes.len();
+        netlink::list_netns(&prefix).len() == nodes && process::find_agents(&prefix).len() == nodes
+    }
+
     fn credential_dir(&self, topology: &str) -> PathBuf {
         self.state_dir.join("credentials").join(topology)
     }
@@ -81,7 +89,9 @@ impl NetnsRuntime {
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| RuntimeError::io(log_dir.display().to_string(), e))?;
         let log_file = log_dir.join(format!("{}.log", node.name));
-        process::spawn_agent(&AgentLaunch {
+        let group = cgroup::group_name(&ns);
+        let limited = cgroup::create(&group, &node.resources)?;
+        let pid = process::spawn_agent(&AgentLaunch {
             binary: &self.agent_binary,
             netns: &ns,
             hub: &self.hub,
@@ -89,7 +99,11 @@ impl NetnsRuntime {
             node: &node.name,
             credential_file: &cred_file,
             log_file: &log_file,
-        })
+        })?;
+        if limited {
+            cgroup::join(&group, pid)?;
+        }
+        Ok(pid)
     }
 }
 
@@ -217,6 +231,7 @@ async fn sweep(
     }
     let host = connect_here()?;
     let links = netlink::delete_links(&host, &link_matches).await?;
+    cgroup::remove_matching(&netns_matches);
     Ok(Removed {
         processes,
         namespaces,

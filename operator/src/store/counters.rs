@@ -3,7 +3,7 @@
 use super::Result;
 use sqlx::PgPool;
 
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct CounterRow {
     pub topology_id: i64,
     pub node: String,
@@ -15,6 +15,12 @@ pub struct CounterRow {
     pub rx_packets: u64,
     pub drops: u64,
     pub connects: u64,
+    pub drops_queue: u64,
+    pub drops_aqm: u64,
+    pub drops_loss: u64,
+    pub ecn_marks: u64,
+    pub queue_packets: u64,
+    pub queue_bytes: u64,
 }
 
 pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
@@ -28,7 +34,8 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
     let rows: Vec<&CounterRow> = latest.into_values().collect();
     for chunk in rows.chunks(2000) {
         let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO link_counters (topology_id, link, node, connected, tx_bytes, tx_packets, rx_bytes, rx_packets, drops, connects) ",
+            "INSERT INTO link_counters (topology_id, link, node, connected, tx_bytes, tx_packets, rx_bytes, rx_packets, drops, connects, \
+              drops_queue, drops_aqm, drops_loss, ecn_marks, queue_packets, queue_bytes) ",
         );
         qb.push_values(chunk, |mut b, r| {
             b.push_bind(r.topology_id)
@@ -40,12 +47,21 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
                 .push_bind(r.rx_bytes as i64)
                 .push_bind(r.rx_packets as i64)
                 .push_bind(r.drops as i64)
-                .push_bind(r.connects as i64);
+                .push_bind(r.connects as i64)
+                .push_bind(r.drops_queue as i64)
+                .push_bind(r.drops_aqm as i64)
+                .push_bind(r.drops_loss as i64)
+                .push_bind(r.ecn_marks as i64)
+                .push_bind(r.queue_packets as i64)
+                .push_bind(r.queue_bytes as i64);
         });
         qb.push(
             " ON CONFLICT (topology_id, link, node) DO UPDATE SET connected = EXCLUDED.connected, \
               tx_bytes = EXCLUDED.tx_bytes, tx_packets = EXCLUDED.tx_packets, rx_bytes = EXCLUDED.rx_bytes, \
-              rx_packets = EXCLUDED.rx_packets, drops = EXCLUDED.drops, connects = EXCLUDED.connects, updated_at = now()",
+              rx_packets = EXCLUDED.rx_packets, drops = EXCLUDED.drops, connects = EXCLUDED.connects, \
+              drops_queue = EXCLUDED.drops_queue, drops_aqm = EXCLUDED.drops_aqm, drops_loss = EXCLUDED.drops_loss, \
+              ecn_marks = EXCLUDED.ecn_marks, queue_packets = EXCLUDED.queue_packets, queue_bytes = EXCLUDED.queue_bytes, \
+              updated_at = now()",
         );
         if let Err(e) = qb.build().execute(pool).await {
             // A topology deleted between report and write violates the foreign key;

@@ -4,10 +4,12 @@
 //! formatting user input into SQL.
 
 mod counters;
+pub mod identity;
 mod plan_rows;
 mod status;
 
 pub use counters::CounterRow;
+pub use identity::LinkIdentity;
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
 
 use crate::plan::Plan;
@@ -75,6 +77,35 @@ impl Store {
         let mut tx = self.pool.begin().await?;
         let (id, generation) = plan_rows::upsert_topology(&mut tx, plan, runtime, source).await?;
         plan_rows::replace_children(&mut tx, id, plan, credential_sha256).await?;
+        tx.commit().await?;
+        Ok(generation)
+    }
+
+    /// Gives the topology a link identity unless it has one (a re-applied
+    /// topology keeps its own); returns the identity in force.
+    pub async fn ensure_link_identity(&self, topology: &str) -> Result<Option<LinkIdentity>> {
+        let fresh = identity::generate().map_err(|e| StoreError::Corrupt {
+            topology: topology.to_string(),
+            reason: format!("cannot make a link certificate: {e}"),
+        })?;
+        identity::ensure(&self.pool, topology, &fresh).await
+    }
+
+    pub async fn link_identity(&self, topology: &str) -> Result<Option<LinkIdentity>> {
+        identity::load(&self.pool, topology).await
+    }
+
+    /// Changes a running topology whose nodes stay the same: links and flows are
+    /// replaced in one transaction, nodes (and their agents' state) are kept, and
+    /// the generation moves on, so agents are sent the new config. Returns it.
+    pub async fn apply_links_in_place(&self, plan: &Plan, source: &str) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let runtime: String = sqlx::query_scalar("SELECT runtime FROM topologies WHERE name = $1")
+            .bind(&plan.topology)
+            .fetch_one(&mut *tx)
+            .await?;
+        let (id, generation) = plan_rows::upsert_topology(&mut tx, plan, &runtime, source).await?;
+        plan_rows::replace_links_and_flows(&mut tx, id, plan).await?;
         tx.commit().await?;
         Ok(generation)
     }

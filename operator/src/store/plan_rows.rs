@@ -9,7 +9,6 @@ use crate::plan::{
 };
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 pub(super) async fn upsert_topology(
     tx: &mut Transaction<'_, Postgres>,
@@ -54,6 +53,38 @@ pub(super) async fn replace_children(
     ] {
         sqlx::query(sql).bind(id).execute(&mut **tx).await?;
     }
+    insert_nodes(tx, id, plan, credential_sha256).await?;
+    insert_links_and_flows(tx, id, plan).await
+}
+
+/// Replaces links and flows but keeps the nodes (and so their agents, their
+/// credentials and stream state); counters of links that remain are kept.
+pub(super) async fn replace_links_and_flows(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+) -> Result<()> {
+    let kept: Vec<String> = plan.links.iter().map(|l| l.name.clone()).collect();
+    sqlx::query("DELETE FROM link_counters WHERE topology_id = $1 AND NOT (link = ANY($2))")
+        .bind(id)
+        .bind(&kept)
+        .execute(&mut **tx)
+        .await?;
+    for sql in [
+        "DELETE FROM flows WHERE topology_id = $1",
+        "DELETE FROM links WHERE topology_id = $1",
+    ] {
+        sqlx::query(sql).bind(id).execute(&mut **tx).await?;
+    }
+    insert_links_and_flows(tx, id, plan).await
+}
+
+async fn insert_nodes(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+    credential_sha256: &BTreeMap<String, String>,
+) -> Result<()> {
     for chunk in plan.nodes.chunks(1000) {
         let mut qb = sqlx::QueryBuilder::new(
             "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256) ",
@@ -70,22 +101,45 @@ pub(super) async fn replace_children(
         });
         qb.build().execute(&mut **tx).await?;
     }
-    for chunk in plan.links.chunks(1000) {
+    Ok(())
+}
+
+async fn insert_links_and_flows(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+) -> Result<()> {
+    // Serialized up front: the query builder's closure cannot fail. (Serializing these
+    // plain structs cannot fail either, but an error is an error, not a panic.)
+    let params = plan
+        .links
+        .iter()
+        .map(|l| {
+            Ok((
+                params_json(plan, &l.forward)?,
+                params_json(plan, &l.backward)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    for (chunk, params) in plan.links.chunks(1000).zip(params.chunks(1000)) {
         let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO links (topology_id, name, dialer, acceptor, transport, rate_bps, delay_us, jitter_us, loss_ppm, queue_packets) ",
+            "INSERT INTO links (topology_id, name, dialer, acceptor, transport, params_forward, params_backward) ",
         );
-        qb.push_values(chunk, |mut b, l| {
-            b.push_bind(id)
-                .push_bind(&l.name)
-                .push_bind(&l.dialer)
-                .push_bind(&l.acceptor)
-                .push_bind(transport_str(l.transport))
-                .push_bind(l.params.rate_bps.map(|v| v as i64))
-                .push_bind(l.params.delay.map(|d| d.as_micros() as i64))
-                .push_bind(l.params.jitter.map(|d| d.as_micros() as i64))
-                .push_bind(l.params.loss_ppm.map(|v| v as i32))
-                .push_bind(l.params.queue_packets.map(|v| v as i32));
-        });
+        qb.push_values(
+            chunk.iter().zip(params),
+            |mut b, (l, (forward, backward))| {
+                b.push_bind(id)
+                    .push_bind(&l.name)
+                    .push_bind(&l.dialer)
+                    .push_bind(&l.acceptor)
+                    .push_bind(transport_str(l.transport))
+                    // Bound as text and cast, so sqlx needs no JSON feature.
+                    .push_bind(forward.as_str())
+                    .push_unseparated("::jsonb")
+                    .push_bind(backward.as_str())
+                    .push_unseparated("::jsonb");
+            },
+        );
         qb.build().execute(&mut **tx).await?;
     }
     for f in &plan.flows {
@@ -156,35 +210,34 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
     })
     .collect::<Result<Vec<_>>>()?;
     let links = sqlx::query(
-        "SELECT name, dialer, acceptor, transport, rate_bps, delay_us, jitter_us, loss_ppm, queue_packets \
+        "SELECT name, dialer, acceptor, transport, \
+           params_forward::text AS params_forward, params_backward::text AS params_backward \
          FROM links WHERE topology_id = $1 ORDER BY name",
     )
     .bind(id)
     .fetch_all(pool)
     .await?
     .into_iter()
-    .map(|r| PlannedLink {
-        name: r.get("name"),
-        dialer: r.get("dialer"),
-        acceptor: r.get("acceptor"),
-        transport: if r.get::<String, _>("transport") == "quic" {
-            Transport::Quic
-        } else {
-            Transport::Tcp
-        },
-        params: LinkParams {
-            rate_bps: r.get::<Option<i64>, _>("rate_bps").map(|v| v as u64),
-            delay: r
-                .get::<Option<i64>, _>("delay_us")
-                .map(|v| Duration::from_micros(v as u64)),
-            jitter: r
-                .get::<Option<i64>, _>("jitter_us")
-                .map(|v| Duration::from_micros(v as u64)),
-            loss_ppm: r.get::<Option<i32>, _>("loss_ppm").map(|v| v as u32),
-            queue_packets: r.get::<Option<i32>, _>("queue_packets").map(|v| v as u32),
-        },
+    .map(|r| {
+        let name: String = r.get("name");
+        let params = |column: &str| {
+            serde_json::from_str::<LinkParams>(&r.get::<String, _>(column))
+                .map_err(|e| corrupt(format!("link {name} {column}: {e}")))
+        };
+        Ok(PlannedLink {
+            forward: params("params_forward")?,
+            backward: params("params_backward")?,
+            dialer: r.get("dialer"),
+            acceptor: r.get("acceptor"),
+            transport: if r.get::<String, _>("transport") == "quic" {
+                Transport::Quic
+            } else {
+                Transport::Tcp
+            },
+            name,
+        })
     })
-    .collect();
+    .collect::<Result<Vec<_>>>()?;
     let flows = sqlx::query(
         "SELECT name, src, dst, size_bytes, count, path FROM flows WHERE topology_id = $1 ORDER BY name",
     )
@@ -224,6 +277,13 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         flows,
     };
     Ok(Some((plan, t.get("generation"))))
+}
+
+fn params_json(plan: &Plan, p: &LinkParams) -> Result<String> {
+    serde_json::to_string(p).map_err(|e| StoreError::Corrupt {
+        topology: plan.topology.clone(),
+        reason: format!("link parameters do not serialize: {e}"),
+    })
 }
 
 pub fn placement_str(p: Placement) -> &'static str {

@@ -34,7 +34,11 @@ pub struct LinkStatusRow {
     pub bytes_forward: i64,
     /// Bytes sent from acceptor to dialer (as counted by the acceptor).
     pub bytes_backward: i64,
+    /// Packets dropped in both directions (hand-off, queue, AQM, emulated loss).
     pub drops: i64,
+    pub ecn_marks: i64,
+    /// Packets queued in both directions at the last report.
+    pub queue_packets: i64,
 }
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologyStatusRow>> {
@@ -67,7 +71,10 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         "SELECT l.name, l.dialer, l.acceptor, l.transport, \
             COALESCE(d.connected AND a.connected, false) AS connected, \
             COALESCE(d.tx_bytes, 0) AS fwd, COALESCE(a.tx_bytes, 0) AS bwd, \
-            COALESCE(d.drops, 0) + COALESCE(a.drops, 0) AS drops \
+            COALESCE(d.drops + d.drops_queue + d.drops_aqm + d.drops_loss, 0) \
+              + COALESCE(a.drops + a.drops_queue + a.drops_aqm + a.drops_loss, 0) AS drops, \
+            COALESCE(d.ecn_marks, 0) + COALESCE(a.ecn_marks, 0) AS ecn_marks, \
+            COALESCE(d.queue_packets, 0) + COALESCE(a.queue_packets, 0) AS queue_packets \
          FROM links l \
          LEFT JOIN link_counters d ON d.topology_id = l.topology_id AND d.link = l.name AND d.node = l.dialer \
          LEFT JOIN link_counters a ON a.topology_id = l.topology_id AND a.link = l.name AND a.node = l.acceptor \
@@ -86,6 +93,8 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         bytes_forward: r.get("fwd"),
         bytes_backward: r.get("bwd"),
         drops: r.get("drops"),
+        ecn_marks: r.get("ecn_marks"),
+        queue_packets: r.get("queue_packets"),
     })
     .collect();
     Ok(Some(TopologyStatusRow {

@@ -78,7 +78,22 @@ pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
     let runtime = local.runtime()?;
     for plan in &plans {
         let topology = &plan.topology;
-        if store.generation(topology).await?.is_some() {
+        if let Some((running, _)) = store.load_plan(topology).await? {
+            if running.same_nodes(plan) && local.runtime()?.is_running(&running) {
+                let generation = store.apply_links_in_place(plan, &source).await?;
+                wait_ready(
+                    local,
+                    &store,
+                    plan,
+                    generation,
+                    Duration::from_secs(args.timeout_secs),
+                )
+                .await?;
+                println!(
+                    "topology {topology} updated in place: links and flows changed, nodes kept (generation {generation})"
+                );
+                continue;
+            }
             println!("replacing running topology {topology}");
         }
         // Also clears what a crashed earlier run may have left.
@@ -94,6 +109,7 @@ pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
             .map(|(n, c)| (n.clone(), hex::encode(Sha256::digest(c.as_bytes()))))
             .collect();
         let generation = store.apply_plan(plan, "netns", &source, &hashes).await?;
+        store.ensure_link_identity(topology).await?;
 
         let bar = progress_bar(
             plan.nodes.len() as u64,

@@ -1,0 +1,361 @@
+//! Links behave as configured (the fidelity suite): rate, delay, loss, RED and
+//! ECN measured with real kernel TCP/UDP through TUN (iperf3, ping); parameters
+//! changed live without dropping connections; QUIC links; a link keeps its rate
+//! while other nodes burn CPU. Figures are printed for BENCHMARKS.md.
+
+use nextmini_e2e::{
+    Env, all_acked, iperf3, link_counter, ping_avg_ms, sha256_file, tcp_goodput, tcp_payload_ratio,
+};
+use std::time::{Duration, Instant};
+
+const MTU: u32 = 1400;
+
+/// A Topology with `nodes` (name, extra node YAML) and Link documents (name, a, b, extra YAML).
+fn manifest(topology: &str, nodes: &[(&str, &str)], links: &[(&str, &str, &str, &str)]) -> String {
+    let mut out = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: {topology}\nspec:\n  dataplane:\n    mtu: {MTU}\n  nodes:\n"
+    );
+    for (name, extra) in nodes {
+        out.push_str(&format!("    - name: {name}\n"));
+        for line in extra.lines() {
+            out.push_str(&format!("      {line}\n"));
+        }
+    }
+    for (name, a, b, extra) in links {
+        out.push_str(&format!(
+            "---\napiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata:\n  name: {name}\nspec:\n  topology: {topology}\n  endpoints: [{a}, {b}]\n"
+        ));
+        for line in extra.lines() {
+            out.push_str(&format!("  {line}\n"));
+        }
+    }
+    out
+}
+
+/// `nextmini up -f` of the manifest, then waits until every agent runs it.
+fn apply(env: &Env, topology: &str, yaml: &str) {
+    let path = env.state_dir.join(format!("{topology}.yaml"));
+    std::fs::write(&path, yaml).expect("manifest");
+    env.ok(&["up", "-f", path.to_str().expect("path")]);
+    env.wait_for(
+        "agents to apply the change",
+        Duration::from_secs(10),
+        || all_acked(env, topology),
+    );
+}
+
+fn start_iperf_server(env: &mut Env, node: &str) {
+    env.spawn_in(node, &["iperf3", "-s", "-p", "5201"]);
+    env.wait_for("iperf3 server", Duration::from_secs(10), || {
+        env.exec(node, &["sh", "-c", "ss -ltn | grep -q ':5201 '"])
+            .status
+            .success()
+    });
+}
+
+fn two_nodes(link: &str) -> String {
+    manifest("fid", &[("a", ""), ("b", "")], &[("a-b", "a", "b", link)])
+}
+
+#[test]
+fn links_match_their_configuration() {
+    let mut env = Env::new("fidelity");
+    apply(&env, "fid", &two_nodes(""));
+    start_iperf_server(&mut env, "b");
+    let mut table = vec![
+        format!("| what | configured | measured | error |"),
+        "|---|---|---|---|".into(),
+    ];
+
+    // Rate: TCP goodput against the configured IP rate, less TCP/IP headers.
+    for mbit in [10u64, 100, 500] {
+        apply(
+            &env,
+            "fid",
+            &two_nodes(&format!("rate: {mbit}Mbit\nqueue:\n  limit: 300pkt\n")),
+        );
+        let report = iperf3(&env, "a", &["-c", "b", "-t", "5", "-O", "1"]);
+        let expected = mbit as f64 * 1e6 * tcp_payload_ratio(MTU);
+        let measured = tcp_goodput(&report);
+        let error = (measured - expected) / expected;
+        table.push(format!(
+            "| rate {mbit} Mbit/s (TCP goodput) | {:.2} Mbit/s | {:.2} Mbit/s | {:+.2}% |",
+            expected / 1e6,
+            measured / 1e6,
+            error * 100.0
+        ));
+        assert!(
+            error.abs() <= 0.03,
+            "rate {mbit} Mbit/s: goodput {measured:.0} vs {expected:.0} ({:+.2}%)",
+            error * 100.0
+        );
+    }
+
+    // Delay: ping RTT against twice the one-way delay plus the unloaded baseline.
+    apply(&env, "fid", &two_nodes(""));
+    let baseline = ping_avg_ms(&env, "a", "b", 40);
+    table.push(format!("| unloaded RTT | - | {baseline:.3} ms | - |"));
+    for ms in [10.0f64, 50.0] {
+        apply(&env, "fid", &two_nodes(&format!("delay: {ms}ms\n")));
+        let rtt = ping_avg_ms(&env, "a", "b", 40);
+        let added = rtt - baseline;
+        table.push(format!(
+            "| delay {ms} ms each way (ping RTT − baseline) | {:.1} ms | {added:.3} ms | {:+.3} ms |",
+            2.0 * ms,
+            added - 2.0 * ms
+        ));
+        assert!(
+            (added - 2.0 * ms).abs() <= 0.5,
+            "delay {ms} ms: RTT grew by {added:.3} ms"
+        );
+    }
+
+    // Loss: UDP packets lost over at least 20,000.
+    for pct in [1.0f64, 5.0] {
+        apply(&env, "fid", &two_nodes(&format!("loss: {pct}%\n")));
+        let report = iperf3(
+            &env,
+            "a",
+            &["-c", "b", "-u", "-b", "40M", "-l", "1200", "-t", "6"],
+        );
+        let sum = &report["end"]["sum"];
+        let packets = sum["packets"].as_f64().expect("packets");
+        let lost = sum["lost_packets"].as_f64().expect("lost_packets");
+        let measured = 100.0 * lost / packets;
+        table.push(format!(
+            "| loss {pct}% ({packets:.0} UDP packets) | {pct}% | {measured:.3}% | {:+.1}% rel |",
+            100.0 * (measured - pct) / pct
+        ));
+        assert!(packets >= 20_000.0, "only {packets} packets sent");
+        assert!(
+            (measured - pct).abs() <= 0.2 * pct,
+            "loss {pct}%: measured {measured:.3}%"
+        );
+    }
+
+    // RED drops, then ECN marks once the endpoints negotiate ECN.
+    let red = |ecn: bool| {
+        two_nodes(&format!(
+            "rate: 20Mbit\nqueue:\n  limit: 300pkt\n  aqm:\n    red: {{min: 20, max: 80, maxP: 10%, weight: 0.002, ecn: {ecn}}}\n"
+        ))
+    };
+    apply(&env, "fid", &red(false));
+    iperf3(&env, "a", &["-c", "b", "-t", "3"]);
+    env.wait_for("RED drops in PostgreSQL", Duration::from_secs(5), || {
+        link_counter(&env, "fid", "a-b", "a", "drops_aqm") > 0
+    });
+    let drops = link_counter(&env, "fid", "a-b", "a", "drops_aqm");
+    table.push(format!(
+        "| RED 20–80 pkt, TCP at 20 Mbit/s | drops | {drops} AQM drops | - |"
+    ));
+    for node in ["a", "b"] {
+        let out = env.exec(node, &["sysctl", "-qw", "net.ipv4.tcp_ecn=1"]);
+        assert!(out.status.success(), "enabling ECN in {node}");
+    }
+    apply(&env, "fid", &red(true));
+    iperf3(&env, "a", &["-c", "b", "-t", "3"]);
+    env.wait_for("ECN marks in PostgreSQL", Duration::from_secs(5), || {
+        link_counter(&env, "fid", "a-b", "a", "ecn_marks") > 0
+    });
+    let marks = link_counter(&env, "fid", "a-b", "a", "ecn_marks");
+    table.push(format!(
+        "| RED with ECN, TCP with ECN | marks | {marks} ECN marks | - |"
+    ));
+
+    println!(
+        "\nlink fidelity (release agents, namespace mode):\n{}\n",
+        table.join("\n")
+    );
+}
+
+#[test]
+fn links_change_live_and_quic_links_carry_traffic() {
+    let mut env = Env::new("live");
+    let yaml = |rate: &str| {
+        manifest(
+            "live",
+            &[("a", ""), ("b", ""), ("c", "")],
+            &[
+                ("a-b", "a", "b", "transport: quic\n"),
+                ("b-c", "b", "c", &format!("rate: {rate}\n")),
+            ],
+        )
+    };
+    apply(&env, "live", &yaml("100Mbit"));
+
+    // A real transfer across the QUIC link, checked end to end.
+    let www = env.state_dir.join("www");
+    std::fs::create_dir_all(&www).expect("www");
+    let big = www.join("big");
+    std::fs::write(
+        &big,
+        (0..20_000_000u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect::<Vec<u8>>(),
+    )
+    .expect("file");
+    env.spawn_in(
+        "a",
+        &[
+            "python3",
+            "-m",
+            "http.server",
+            "8000",
+            "--directory",
+            www.to_str().expect("path"),
+        ],
+    );
+    env.wait_for("HTTP server in a", Duration::from_secs(20), || {
+        env.exec(
+            "c",
+            &[
+                "curl",
+                "-s",
+                "--fail",
+                "-o",
+                "/dev/null",
+                "--max-time",
+                "2",
+                "http://a:8000/",
+            ],
+        )
+        .status
+        .success()
+    });
+    let fetched = env.state_dir.join("fetched");
+    let curl = env.exec(
+        "c",
+        &[
+            "curl",
+            "-sS",
+            "--fail",
+            "--max-time",
+            "60",
+            "-o",
+            fetched.to_str().expect("path"),
+            "http://a:8000/big",
+        ],
+    );
+    assert!(
+        curl.status.success(),
+        "curl over QUIC failed: {}",
+        String::from_utf8_lossy(&curl.stderr)
+    );
+    assert_eq!(sha256_file(&fetched), sha256_file(&big));
+    env.wait_for(
+        "the file on the QUIC link's counters",
+        Duration::from_secs(5),
+        || link_counter(&env, "live", "a-b", "b", "rx_bytes") >= 20_000_000,
+    );
+
+    // Rate 100 → 20 Mbit/s while iperf3 runs: the new rate holds within a second,
+    // the connection is never re-dialled and the TCP flow survives.
+    start_iperf_server(&mut env, "a");
+    let connects_before = link_counter(&env, "live", "b-c", "c", "connects");
+    let client = {
+        let mut cmd = env.command(&[
+            "exec", "c", "--", "iperf3", "-J", "-c", "a", "-R", "-t", "6", "-i", "0.5",
+        ]);
+        cmd.stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("iperf3")
+    };
+    let started = Instant::now();
+    std::thread::sleep(Duration::from_secs(2));
+    let change_s = started.elapsed().as_secs_f64();
+    apply(&env, "live", &yaml("20Mbit"));
+    let applied_s = started.elapsed().as_secs_f64() - change_s;
+    println!("rate change: `nextmini up` to every agent acknowledging took {applied_s:.3} s");
+    let out = client.wait_with_output().expect("iperf3 output");
+    assert!(
+        out.status.success(),
+        "the TCP flow did not survive the change"
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("iperf3 JSON");
+    let intervals: Vec<(f64, f64)> = report["intervals"]
+        .as_array()
+        .expect("intervals")
+        .iter()
+        .filter_map(|i| {
+            Some((
+                i["sum"]["end"].as_f64()?,
+                i["sum"]["bits_per_second"].as_f64()?,
+            ))
+        })
+        .collect();
+    let before: Vec<f64> = intervals
+        .iter()
+        .filter(|(t, _)| *t > 0.5 && *t <= 2.0)
+        .map(|x| x.1)
+        .collect();
+    // iperf3's clock starts a little after the process: intervals ending a second
+    // after the change are judged (half a second of slack for that start).
+    let after: Vec<f64> = intervals
+        .iter()
+        .filter(|(t, _)| *t > change_s + 1.5)
+        .map(|x| x.1)
+        .collect();
+    assert!(!after.is_empty(), "no iperf3 interval after the change");
+    let mean = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+    println!(
+        "live rate change: {:.1} Mbit/s before, {:.1} Mbit/s from 1 s after the change",
+        mean(&before) / 1e6,
+        mean(&after) / 1e6
+    );
+    assert!(
+        mean(&before) > 60e6,
+        "before the change the flow ran at {:.1} Mbit/s",
+        mean(&before) / 1e6
+    );
+    assert!(
+        mean(&after) < 22e6,
+        "after the change the flow ran at {:.1} Mbit/s",
+        mean(&after) / 1e6
+    );
+    env.wait_for("counters", Duration::from_secs(3), || {
+        link_counter(&env, "live", "b-c", "c", "connects") == connects_before
+    });
+}
+
+#[test]
+fn busy_nodes_do_not_take_a_links_bandwidth() {
+    let run = |limits: bool| -> f64 {
+        let mut env = Env::new(if limits { "iso-limits" } else { "iso-free" });
+        let cpu = if limits { "resources: {cpu: 100m}" } else { "" };
+        let yaml = manifest(
+            "iso",
+            &[
+                ("a", ""),
+                ("b", ""),
+                ("c", cpu),
+                ("d", cpu),
+                ("e", cpu),
+                ("f", cpu),
+            ],
+            &[("a-b", "a", "b", "rate: 200Mbit\nqueue:\n  limit: 300pkt\n")],
+        );
+        apply(&env, "iso", &yaml);
+        start_iperf_server(&mut env, "b");
+        for node in ["c", "d", "e", "f"] {
+            env.spawn_in(node, &["python3", "-c", "while True: pass"]);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+        tcp_goodput(&iperf3(&env, "a", &["-c", "b", "-t", "5", "-O", "1"]))
+    };
+    let expected = 200e6 * tcp_payload_ratio(MTU);
+    let with_limits = run(true);
+    let without = run(false);
+    println!(
+        "isolation: 200 Mbit/s link, 4 nodes in busy loops: {:.1} Mbit/s with cpu limits (100m each), {:.1} Mbit/s without (expected {:.1})",
+        with_limits / 1e6,
+        without / 1e6,
+        expected / 1e6
+    );
+    let error = (with_limits - expected) / expected;
+    assert!(
+        error.abs() <= 0.05,
+        "with CPU limits the link ran at {:.1} Mbit/s ({:+.1}%)",
+        with_limits / 1e6,
+        error * 100.0
+    );
+}

@@ -1,0 +1,484 @@
+//! The link emulation pipeline: classify → enqueue (AQM) → schedule → shaper →
+//! impairment → wire. Sans-IO: the owner passes the time in and gets packets out.
+//!
+//! Departures happen in virtual time: a packet leaves at the instant the shaper
+//! allowed it, not when the owner happened to call `poll`. Timers are coarse
+//! (tokio's are 1 ms), and charging tokens at the late call instead would lose
+//! whatever the bucket could not hold in between, so the emulated rate would
+//! depend on timer precision.
+
+use super::aqm::{Aqm, EcnThreshold, Red, TailDrop, Verdict};
+use super::classify::{Classifier, RuleClassifier};
+use super::config::{AqmConfig, ConfigError, LinkConfig, MAX_QUEUES, QueueLimits, SchedulerConfig};
+use super::delay_line::DelayLine;
+use super::impair::{Action, Impairment, Netem, Release};
+use super::queue::{Entry, QueueState, Queues};
+use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
+use super::shaper::{Shaper, TokenBucket};
+use super::{PacketMeta, Payload};
+use nextmini_proto::v1::LinkParams;
+use rand::SeedableRng;
+use rand::rngs::SmallRng;
+use std::fmt;
+
+/// Transmission time of one packet assumed for RED's idle decay on an unlimited link.
+const UNLIMITED_TX_TIME_NS: u64 = 1_000;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DropCause {
+    /// The queue was at its packet or byte limit.
+    QueueFull,
+    /// The AQM chose to drop.
+    Aqm,
+    /// Lost on the emulated wire. Decided when the packet leaves the queue (a lost
+    /// packet still used the link), so it shows in the stats, never from `enqueue`.
+    Loss,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EnqueueOutcome {
+    Queued,
+    /// Queued with ECN CE set in the payload.
+    Marked,
+    Dropped(DropCause),
+}
+
+/// Packets due now, in order, and when to call `poll` next (`None`: nothing is
+/// pending until the next `enqueue`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Poll<P> {
+    pub packets: Vec<P>,
+    pub next_wakeup: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DropCounts {
+    pub queue_full: u64,
+    pub aqm: u64,
+    pub loss: u64,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub packets: u64,
+    pub bytes: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PipelineStats {
+    /// Packets accepted into a queue.
+    pub enqueued: u64,
+    /// Packets that left the queues through the shaper (before loss).
+    pub dequeued: u64,
+    /// Packets (duplicates included) handed out by `poll`, and their bytes.
+    pub sent_packets: u64,
+    pub sent_bytes: u64,
+    pub drops: DropCounts,
+    pub ecn_marked: u64,
+    /// Extra copies made.
+    pub duplicated: u64,
+    /// Packets that overtook one sent before them.
+    pub reordered: u64,
+    pub corrupted: u64,
+    /// Packets in the queues now, and per queue.
+    pub queued: QueueDepth,
+    pub per_queue: Vec<QueueDepth>,
+    /// Packets past the shaper, waiting out their delay.
+    pub in_flight: u64,
+}
+
+/// The schemes a pipeline is made of; build them from `LinkParams` with
+/// [`Parts::from_params`] and replace any with your own before
+/// [`Pipeline::with_parts`].
+pub struct Parts {
+    pub classifier: Box<dyn Classifier>,
+    /// One per queue: their number is the number of queues.
+    pub aqms: Vec<Box<dyn Aqm>>,
+    pub scheduler: Box<dyn Scheduler>,
+    pub shaper: Box<dyn Shaper>,
+    pub impairment: Box<dyn Impairment>,
+    pub limits: QueueLimits,
+    /// Used for defaults when the pipeline is reconfigured.
+    pub mtu: u32,
+}
+
+impl Parts {
+    pub fn from_params(params: &LinkParams, mtu: u32) -> Result<Parts, ConfigError> {
+        Ok(Parts::from_config(&LinkConfig::from_params(params, mtu)?))
+    }
+
+    pub fn from_config(cfg: &LinkConfig) -> Parts {
+        Parts {
+            classifier: classifier(cfg),
+            aqms: (0..cfg.queues).map(|_| aqm(cfg)).collect(),
+            scheduler: scheduler(cfg),
+            shaper: Box::new(TokenBucket::new(
+                cfg.shaper.rate_bps,
+                cfg.shaper.burst_bytes,
+            )),
+            impairment: Box::new(Netem::new(&cfg.impairment)),
+            limits: cfg.limits,
+            mtu: cfg.mtu,
+        }
+    }
+}
+
+fn classifier(cfg: &LinkConfig) -> Box<dyn Classifier> {
+    Box::new(RuleClassifier::new(
+        cfg.classes.clone(),
+        cfg.default_queue(),
+    ))
+}
+
+fn aqm(cfg: &LinkConfig) -> Box<dyn Aqm> {
+    match cfg.aqm {
+        AqmConfig::TailDrop => Box::new(TailDrop),
+        AqmConfig::Ecn { threshold_packets } => Box::new(EcnThreshold::new(threshold_packets)),
+        AqmConfig::Red(red) => {
+            let tx_time_ns = match cfg.shaper.rate_bps {
+                0 => UNLIMITED_TX_TIME_NS,
+                rate => u64::from(cfg.mtu) * 8_000_000_000 / rate,
+            };
+            Box::new(Red::new(&red, tx_time_ns))
+        }
+    }
+}
+
+fn scheduler(cfg: &LinkConfig) -> Box<dyn Scheduler> {
+    match &cfg.scheduler {
+        SchedulerConfig::Fcfs => Box::new(Fcfs),
+        SchedulerConfig::Priority => Box::new(StrictPriority),
+        SchedulerConfig::Wrr { weights } => Box::new(Wrr::new(weights.clone())),
+        SchedulerConfig::Drr { quanta } => Box::new(Drr::new(quanta.clone())),
+    }
+}
+
+pub struct Pipeline<P> {
+    classifier: Box<dyn Classifier>,
+    aqms: Vec<Box<dyn Aqm>>,
+    scheduler: Box<dyn Scheduler>,
+    shaper: Box<dyn Shaper>,
+    impairment: Box<dyn Impairment>,
+    limits: QueueLimits,
+    mtu: u32,
+    queues: Queues<P>,
+    wire: DelayLine<P>,
+    /// Scratch for the impairment's answer, reused so departures do not allocate.
+    releases: Vec<Release>,
+    rng: SmallRng,
+    /// Virtual time of the last departure: departures never go back in time.
+    clock: u64,
+    /// The latest `now` seen: the time of a `reconfigure` that is not given one.
+    last_now: u64,
+    seq: u64,
+    /// When the shaper lets the head of the line go; `None` if not computed since
+    /// the queues last changed.
+    blocked_until: Option<u64>,
+    stats: PipelineStats,
+    /// The configuration the built-in parts came from; `None` for custom parts.
+    applied: Option<LinkConfig>,
+}
+
+impl<P> fmt::Debug for Pipeline<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("applied", &self.applied)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<P: Payload> Pipeline<P> {
+    /// The built-in schemes `params` describe. `mtu` sizes the default burst and
+    /// DRR quantum; `seed` makes every random decision reproducible.
+    pub fn new(params: &LinkParams, mtu: u32, seed: u64) -> Result<Pipeline<P>, ConfigError> {
+        let cfg = LinkConfig::from_params(params, mtu)?;
+        let mut pipeline = Pipeline::with_parts(Parts::from_config(&cfg), seed)?;
+        pipeline.applied = Some(cfg);
+        Ok(pipeline)
+    }
+
+    /// A pipeline of any schemes, built-in or not.
+    pub fn with_parts(parts: Parts, seed: u64) -> Result<Pipeline<P>, ConfigError> {
+        let n = parts.aqms.len();
+        if n == 0 || n > MAX_QUEUES {
+            return Err(ConfigError::new(
+                "aqms",
+                format!("one per queue, 1 to {MAX_QUEUES} queues; got {n}"),
+            ));
+        }
+        Ok(Pipeline {
+            classifier: parts.classifier,
+            aqms: parts.aqms,
+            scheduler: parts.scheduler,
+            shaper: parts.shaper,
+            impairment: parts.impairment,
+            limits: parts.limits,
+            mtu: parts.mtu,
+            queues: Queues::new(n),
+            wire: DelayLine::default(),
+            releases: Vec::with_capacity(4),
+            rng: SmallRng::seed_from_u64(seed),
+            clock: 0,
+            last_now: 0,
+            seq: 0,
+            blocked_until: None,
+            stats: PipelineStats {
+                per_queue: vec![QueueDepth::default(); n],
+                ..PipelineStats::default()
+            },
+            applied: None,
+        })
+    }
+
+    /// Offers a packet at `now`. Call `poll` afterwards: the packet may be due at once.
+    pub fn enqueue(&mut self, mut payload: P, meta: PacketMeta, now: u64) -> EnqueueOutcome {
+        // Let everything due before `now` leave first, so the AQM and the
+        // scheduler see the queue as it is at `now`.
+        self.advance(now);
+        let q = self.classifier.classify(&meta).min(self.queues.len() - 1);
+        let state = self.queues.states()[q];
+        let verdict = self.aqms[q].on_enqueue(&state, &meta, now, &mut self.rng);
+        if verdict == Verdict::Drop {
+            return self.drop(DropCause::Aqm);
+        }
+        if !self.fits(&state, meta.len) {
+            return self.drop(DropCause::QueueFull);
+        }
+        let marked = verdict == Verdict::Mark;
+        // A mark the packet cannot carry becomes the drop it stands for.
+        if marked && !(meta.ecn_capable && payload.mark_ce()) {
+            return self.drop(DropCause::Aqm);
+        }
+        self.seq += 1;
+        self.queues.push(
+            q,
+            Entry {
+                payload,
+                meta,
+                arrival: now,
+                seq: self.seq,
+            },
+        );
+        self.scheduler.on_enqueue(q, &meta);
+        self.blocked_until = None;
+        self.stats.enqueued += 1;
+        self.stats.ecn_marked += u64::from(marked);
+        self.sync_depth(q);
+        if marked {
+            EnqueueOutcome::Marked
+        } else {
+            EnqueueOutcome::Queued
+        }
+    }
+
+    /// Packets due at `now`, in release order, and when to poll next.
+    pub fn poll(&mut self, now: u64) -> Poll<P> {
+        let mut packets = Vec::new();
+        let next_wakeup = self.poll_into(now, &mut packets);
+        Poll {
+            packets,
+            next_wakeup,
+        }
+    }
+
+    /// Like [`Pipeline::poll`] but appends to the caller's buffer, so a loop that
+    /// reuses it does not allocate. Returns the next wake-up.
+    pub fn poll_into(&mut self, now: u64, out: &mut Vec<P>) -> Option<u64> {
+        self.advance(now);
+        while let Some(slot) = self.wire.pop_due(now) {
+            self.stats.sent_packets += 1;
+            self.stats.sent_bytes += u64::from(slot.len);
+            out.push(slot.payload);
+        }
+        self.stats.in_flight = self.wire.len() as u64;
+        self.next_wakeup()
+    }
+
+    /// Applies new parameters at the latest time seen, keeping queued packets,
+    /// packets in flight and the shaper's tokens.
+    pub fn reconfigure(&mut self, params: &LinkParams) -> Result<(), ConfigError> {
+        self.reconfigure_at(params, self.last_now)
+    }
+
+    /// Applies new parameters at `now`. Departures due before `now` happen under the
+    /// old parameters; the new rate governs from `now` on. Parts whose
+    /// configuration did not change keep their state (RED's average, the round
+    /// robin position); a pipeline of custom parts gets the built-in ones, except
+    /// its shaper, which is told the new rate. On error nothing changes.
+    pub fn reconfigure_at(&mut self, params: &LinkParams, now: u64) -> Result<(), ConfigError> {
+        let cfg = LinkConfig::from_params(params, self.mtu)?;
+        self.advance(now);
+        let now = now.max(self.clock);
+        let old = self.applied.take();
+        let queues_changed = cfg.queues != self.queues.len();
+        if queues_changed {
+            self.queues.resize(cfg.queues);
+            self.stats
+                .per_queue
+                .resize(cfg.queues, QueueDepth::default());
+            (0..cfg.queues).for_each(|q| self.sync_depth(q));
+        }
+        self.classifier = classifier(&cfg);
+        if old.as_ref().is_none_or(|o| o.aqm != cfg.aqm) {
+            self.aqms = (0..cfg.queues).map(|_| aqm(&cfg)).collect();
+        } else {
+            self.aqms.truncate(cfg.queues);
+            self.aqms.resize_with(cfg.queues, || aqm(&cfg));
+        }
+        if queues_changed || old.as_ref().is_none_or(|o| o.scheduler != cfg.scheduler) {
+            self.scheduler = scheduler(&cfg);
+        }
+        self.shaper
+            .set_rate(cfg.shaper.rate_bps, cfg.shaper.burst_bytes, now);
+        if old.as_ref().is_none_or(|o| o.impairment != cfg.impairment) {
+            let floor = self.wire.fifo_tail().unwrap_or(0);
+            self.impairment = Box::new(Netem::new(&cfg.impairment).with_floor(floor));
+        }
+        self.limits = cfg.limits;
+        self.blocked_until = None;
+        self.applied = Some(cfg);
+        Ok(())
+    }
+
+    /// Moves every departure due by `now` from the queues onto the wire.
+    fn advance(&mut self, now: u64) {
+        self.last_now = self.last_now.max(now);
+        self.blocked_until = None;
+        while self.queues.packets() > 0 {
+            let states = self.queues.states();
+            let q = match self.scheduler.select(states) {
+                Some(q) if states.get(q).is_some_and(|s| !s.is_empty()) => q,
+                // A scheduler answering nonsense must not stall the link.
+                _ => match states.iter().position(|s| !s.is_empty()) {
+                    Some(q) => q,
+                    None => break,
+                },
+            };
+            let Some(head) = self.queues.front(q) else {
+                break;
+            };
+            let at = self
+                .shaper
+                .earliest(head.meta.len, head.arrival.max(self.clock));
+            if at > now {
+                self.blocked_until = Some(at);
+                break;
+            }
+            if let Some(entry) = self.queues.pop(q) {
+                self.depart(q, entry, at);
+            }
+        }
+        self.stats.in_flight = self.wire.len() as u64;
+    }
+
+    fn depart(&mut self, q: usize, entry: Entry<P>, at: u64) {
+        self.clock = at;
+        self.shaper.consume(entry.meta.len, at);
+        let state = self.queues.states()[q];
+        self.aqms[q].on_dequeue(&state, at);
+        self.scheduler
+            .on_dequeue(q, &entry.meta, self.queues.states());
+        self.stats.dequeued += 1;
+        self.sync_depth(q);
+        self.releases.clear();
+        self.impairment
+            .impair(&entry.meta, at, &mut self.rng, &mut self.releases);
+        self.put_on_wire(entry.payload, entry.meta.len, at);
+    }
+
+    fn put_on_wire(&mut self, payload: P, len: u32, departed: u64) {
+        // The common case, one plain copy, moves the payload once.
+        if let [
+            Release {
+                at,
+                action: Action::Deliver,
+            },
+        ] = self.releases[..]
+        {
+            if self.wire.push(at.max(departed), len, payload) {
+                self.stats.reordered += 1;
+            }
+            return;
+        }
+        let mut copies = self
+            .releases
+            .iter()
+            .filter(|r| r.action != Action::Drop)
+            .count();
+        if copies == 0 {
+            self.stats.drops.loss += 1;
+            return;
+        }
+        self.stats.duplicated += copies as u64 - 1;
+        let mut original = Some(payload);
+        for i in 0..self.releases.len() {
+            let Release { at, action } = self.releases[i];
+            if action == Action::Drop {
+                continue;
+            }
+            copies -= 1;
+            // The last copy takes the original: no clone without duplication.
+            let copy = if copies == 0 {
+                original.take()
+            } else {
+                original.clone()
+            };
+            let Some(mut copy) = copy else { break };
+            if action == Action::DeliverCorrupted {
+                copy.corrupt(&mut self.rng);
+                self.stats.corrupted += 1;
+            }
+            if self.wire.push(at.max(departed), len, copy) {
+                self.stats.reordered += 1;
+            }
+        }
+    }
+
+    fn fits(&self, state: &QueueState, len: u32) -> bool {
+        let bytes_ok = self.limits.bytes == 0
+            || state.packets == 0 // a byte limit below one packet must not blackhole the link
+            || state.bytes + u64::from(len) <= self.limits.bytes;
+        state.packets < self.limits.packets && bytes_ok
+    }
+
+    fn drop(&mut self, cause: DropCause) -> EnqueueOutcome {
+        let counter = match cause {
+            DropCause::QueueFull => &mut self.stats.drops.queue_full,
+            DropCause::Aqm => &mut self.stats.drops.aqm,
+            DropCause::Loss => &mut self.stats.drops.loss,
+        };
+        *counter += 1;
+        EnqueueOutcome::Dropped(cause)
+    }
+}
+
+impl<P> Pipeline<P> {
+    pub fn stats(&self) -> &PipelineStats {
+        &self.stats
+    }
+
+    pub fn queue_count(&self) -> usize {
+        self.queues.len()
+    }
+
+    /// When `poll` has something to do next: now if a queued packet has not been
+    /// looked at since it arrived, else the shaper's or the wire's next instant.
+    pub fn next_wakeup(&self) -> Option<u64> {
+        let queue =
+            (self.queues.packets() > 0).then(|| self.blocked_until.unwrap_or(self.last_now));
+        queue.into_iter().chain(self.wire.next_release()).min()
+    }
+
+    fn sync_depth(&mut self, q: usize) {
+        let s = self.queues.states()[q];
+        self.stats.per_queue[q] = QueueDepth {
+            packets: u64::from(s.packets),
+            bytes: s.bytes,
+        };
+        self.stats.queued = QueueDepth {
+            packets: self.queues.packets(),
+            bytes: self.queues.bytes(),
+        };
+    }
+}

@@ -1,0 +1,498 @@
+//! Link parameters from YAML: parsing, inheritance and validation.
+
+use super::tests::{expect, parse, parse_errors, plan, plan_errors, topology_with};
+use super::*;
+use std::time::Duration;
+
+const SHAPED: &str = include_str!("../../../manifests/examples/shaped.yaml");
+const MERGE: &str = include_str!("../../tests/fixtures/params-merge.yaml");
+const BAD_PARAMS: &str = include_str!("../../tests/fixtures/bad-params.yaml");
+
+fn link<'p>(p: &'p Plan, name: &str) -> &'p PlannedLink {
+    p.link(name).unwrap_or_else(|| panic!("no link {name}"))
+}
+
+#[test]
+fn shaped_example_has_its_own_parameters_per_direction() {
+    let p = plan("shaped.yaml", SHAPED);
+    let access = link(&p, "access");
+    assert_eq!(
+        (access.dialer.as_str(), access.acceptor.as_str()),
+        ("router", "client")
+    );
+    let defaults_queue = QueueParams {
+        limit_packets: Some(1000),
+        limit_bytes: None,
+        aqm: Aqm::TailDrop,
+    };
+    let down = LinkParams {
+        rate_bps: Some(20_000_000),
+        delay: Some(Duration::from_millis(10)),
+        jitter: Some(Duration::from_millis(2)),
+        jitter_distribution: JitterDistribution::Normal,
+        loss_ppm: Some(1_000),
+        queue: defaults_queue.clone(),
+        ..LinkParams::default()
+    };
+    assert_eq!(access.forward, down);
+    assert_eq!(
+        access.backward,
+        LinkParams {
+            rate_bps: Some(2_000_000),
+            burst_bytes: Some(16_000),
+            loss_ppm: Some(5_000),
+            loss_correlation_ppm: Some(250_000),
+            ..down
+        },
+        "the override replaces what it sets and inherits the rest"
+    );
+
+    let core = link(&p, "core");
+    assert_eq!(core.transport, Transport::Tcp);
+    assert_eq!(core.forward, core.backward);
+    let tcp = Some(6);
+    assert_eq!(
+        core.forward,
+        LinkParams {
+            rate_bps: Some(100_000_000),
+            delay: Some(Duration::from_millis(20)),
+            queue: QueueParams {
+                limit_packets: Some(500),
+                limit_bytes: None,
+                aqm: Aqm::Red {
+                    min_packets: 50,
+                    max_packets: 150,
+                    max_p_ppm: 100_000,
+                    weight_ppm: 2_000,
+                    ecn: true,
+                },
+            },
+            scheduler: SchedulerKind::Wrr {
+                weights: vec![4, 1]
+            },
+            classes: vec![
+                ClassRule {
+                    queue: 0,
+                    dscp: Some(46),
+                    ..ClassRule::default()
+                },
+                ClassRule {
+                    queue: 0,
+                    protocol: tcp,
+                    dst_port: Some(22),
+                    ..ClassRule::default()
+                },
+                ClassRule {
+                    queue: 0,
+                    protocol: tcp,
+                    src_port: Some(22),
+                    ..ClassRule::default()
+                },
+            ],
+            ..LinkParams::default()
+        }
+    );
+}
+
+#[test]
+fn parameters_are_inherited_field_by_field() {
+    let p = plan("params-merge.yaml", MERGE);
+    let defaults = LinkParams {
+        rate_bps: Some(1_000_000_000),
+        delay: Some(Duration::from_millis(1)),
+        jitter: Some(Duration::from_micros(100)),
+        loss_ppm: Some(100),
+        duplicate_ppm: Some(1_000),
+        corrupt_ppm: Some(1),
+        queue: QueueParams {
+            limit_packets: Some(100),
+            limit_bytes: None,
+            aqm: Aqm::Ecn {
+                threshold_packets: 20,
+            },
+        },
+        scheduler: SchedulerKind::Priority { bands: 3 },
+        classes: vec![ClassRule {
+            queue: 0,
+            dscp: Some(46),
+            ..ClassRule::default()
+        }],
+        ..LinkParams::default()
+    };
+
+    let plain = link(&p, "plain");
+    assert_eq!(plain.transport, Transport::Quic);
+    assert_eq!((&plain.forward, &plain.backward), (&defaults, &defaults));
+
+    let mixed = link(&p, "mixed");
+    let own = LinkParams {
+        queue: QueueParams {
+            aqm: Aqm::TailDrop,
+            ..defaults.queue.clone()
+        },
+        ..defaults.clone()
+    };
+    assert_eq!(
+        mixed.forward,
+        LinkParams {
+            rate_bps: Some(10_000_000),
+            classes: vec![],
+            ..own.clone()
+        },
+        "an empty class list drops the inherited one"
+    );
+    assert_eq!(
+        mixed.backward,
+        LinkParams {
+            queue: QueueParams {
+                limit_packets: None,
+                limit_bytes: Some(64_000),
+                aqm: Aqm::TailDrop,
+            },
+            ..own
+        },
+        "limit and aqm are inherited separately; a limit is one field"
+    );
+
+    let own = link(&p, "own");
+    assert_eq!(own.transport, Transport::Tcp);
+    assert_eq!(
+        (own.dialer.as_str(), own.acceptor.as_str()),
+        ("c", "a"),
+        "endpoints[0] dials and sends forward"
+    );
+    let backward = LinkParams {
+        reorder_ppm: Some(10_000),
+        jitter_distribution: JitterDistribution::Pareto,
+        scheduler: SchedulerKind::Drr {
+            quantum_bytes: vec![1500, 3000],
+        },
+        classes: vec![
+            ClassRule {
+                queue: 1,
+                protocol: Some(17),
+                dst_port: Some(53),
+                max_packet_bytes: Some(512),
+                ..ClassRule::default()
+            },
+            ClassRule {
+                queue: 0,
+                protocol: Some(47),
+                ..ClassRule::default()
+            },
+        ],
+        ..defaults.clone()
+    };
+    assert_eq!(own.backward, backward);
+    assert_eq!(
+        own.forward,
+        LinkParams {
+            loss_ppm: Some(0),
+            scheduler: SchedulerKind::Fcfs,
+            classes: vec![ClassRule {
+                queue: 0,
+                src_port: Some(8080),
+                ..ClassRule::default()
+            }],
+            ..backward
+        },
+        "a scheduler is one field: fcfs replaces drr with its quantum"
+    );
+}
+
+#[test]
+fn parameter_rules_name_the_field_and_the_layer_to_fix() {
+    let errors = plan_errors("bad-params.yaml", BAD_PARAMS);
+    let topo = "bad-params.yaml document 1 (Topology/t)";
+    let cd = "bad-params.yaml document 2 (Link/c-d)";
+    let cases = [
+        // linkDefaults on its own
+        (
+            topo,
+            "spec.linkDefaults.burst",
+            "must be at least the MTU (1400 bytes), got 1000 bytes",
+        ),
+        (
+            topo,
+            "spec.linkDefaults.queue.limit",
+            "could never hold a full-size packet",
+        ),
+        (
+            topo,
+            "spec.linkDefaults.scheduler.wrr.weights[1]",
+            "must be greater than 0",
+        ),
+        (
+            topo,
+            "spec.linkDefaults.classes[0].queue",
+            "queue 5 does not exist: the scheduler at spec.linkDefaults.scheduler has 2 queue(s), 0 to 1",
+        ),
+        // ranges and units of one link
+        (topo, "spec.links[0].rate", "must be greater than 0"),
+        (
+            topo,
+            "spec.links[0].delay",
+            "1.5us is not a whole number of microseconds",
+        ),
+        (
+            topo,
+            "spec.links[0].queue.aqm.red.min",
+            "must be less than max (5), got 10",
+        ),
+        (
+            topo,
+            "spec.links[0].queue.aqm.red.maxP",
+            "must be greater than 0%",
+        ),
+        (
+            topo,
+            "spec.links[0].queue.aqm.red.weight",
+            "must be greater than 0 (at most 1)",
+        ),
+        (
+            topo,
+            "spec.links[0].scheduler",
+            "set exactly one of fcfs, wrr, drr, priority",
+        ),
+        (
+            topo,
+            "spec.links[0].classes[0].dscp",
+            "must be between 0 and 63, got 64",
+        ),
+        (
+            topo,
+            "spec.links[0].classes[0].srcPort",
+            "must be between 1 and 65535, got 0",
+        ),
+        (
+            topo,
+            "spec.links[0].classes[0].dstPort",
+            "must be between 1 and 65535, got 70000",
+        ),
+        (
+            topo,
+            "spec.links[0].classes[0].maxPacketSize",
+            "must be in bytes",
+        ),
+        (
+            topo,
+            "spec.links[1].queue.aqm",
+            "set exactly one of taildrop, red, ecn",
+        ),
+        (
+            topo,
+            "spec.links[1].queue.aqm.ecn.threshold",
+            "must be at least 1 packet",
+        ),
+        (
+            topo,
+            "spec.links[1].scheduler.priority.bands",
+            "must be between 1 and 8, got 9",
+        ),
+        // netem's dependencies, blamed on the more specific of the two fields
+        (
+            topo,
+            "spec.links[1].reorder",
+            "needs a delay greater than 0",
+        ),
+        (
+            topo,
+            "spec.links[1].forward.delay",
+            "must be greater than 0 for spec.links[1].reorder",
+        ),
+        (
+            topo,
+            "spec.links[1].jitterDistribution",
+            "needs a jitter greater than 0",
+        ),
+        // a Link object against linkDefaults and its own override
+        (
+            cd,
+            "spec.scheduler.drr.quantum[1]",
+            "must be greater than 0",
+        ),
+        (
+            cd,
+            "spec.scheduler.drr.quantum[2]",
+            "must be in bytes, e.g. 1500",
+        ),
+        (
+            cd,
+            "spec.scheduler",
+            "has 3 queue(s), but spec.linkDefaults.classes[0] in bad-params.yaml document 1 (Topology/t) sends packets to queue 5",
+        ),
+        (
+            cd,
+            "spec.queue.aqm.red.max",
+            "must not exceed the queue limit of 100 packets (spec.queue.limit), got 200",
+        ),
+        (
+            cd,
+            "spec.backward.classes[0].queue",
+            "queue 3 does not exist: the scheduler at spec.scheduler has 3 queue(s), 0 to 2",
+        ),
+        (
+            cd,
+            "spec.backward.queue.limit",
+            "is below the 200 packets of spec.queue.aqm.red.max",
+        ),
+    ];
+    for (document, field, reason) in cases {
+        expect(&errors, document, field, reason);
+    }
+    assert_eq!(
+        errors.len(),
+        cases.len(),
+        "each problem once, though both directions inherit it:\n{}",
+        ValidationErrors(errors.clone())
+    );
+}
+
+#[test]
+fn classes_without_a_scheduler_have_one_queue() {
+    let text = topology_with(
+        "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], classes: [{queue: 0}, {queue: 1}]}]}",
+    );
+    let errors = plan_errors("one.yaml", &text);
+    expect(
+        &errors,
+        "one.yaml document 1 (Topology/t)",
+        "spec.links[0].classes[1].queue",
+        "without a scheduler the link has one queue, 0",
+    );
+    assert_eq!(errors.len(), 1);
+}
+
+#[test]
+fn netem_like_combinations_are_accepted() {
+    // Jitter without delay (delay 0 ± jitter, clamped at 0) and jitter above delay are
+    // fine in netem; so are QUIC links and a defaults template that only some links
+    // complete.
+    let text = topology_with(
+        "{linkDefaults: {reorder: 1%, jitterDistribution: normal, transport: quic}, \
+         nodes: [{name: a}, {name: b}, {name: c}], links: [\
+         {endpoints: [a, b], jitter: 5ms}, \
+         {endpoints: [b, c], delay: 1ms, jitter: 50ms, reorder: 0%}]}",
+    );
+    let p = plan("netem.yaml", &text);
+    let ab = link(&p, "a-b");
+    assert_eq!(ab.transport, Transport::Quic);
+    assert_eq!(ab.forward.jitter, Some(Duration::from_millis(5)));
+    assert_eq!(ab.forward.delay, None);
+    assert_eq!(link(&p, "b-c").forward.reorder_ppm, Some(0));
+}
+
+#[test]
+fn parameter_parse_errors_point_at_the_field() {
+    let link = |spec: &str| {
+        format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata: {{name: l}}\nspec: {spec}\n"
+        )
+    };
+    let doc = "p.yaml document 1 (Link/l)";
+    let cases = [
+        (
+            "{topology: t, endpoints: [a, b], forward: {transport: quic}}",
+            "spec.forward.transport",
+            "unknown field `transport`",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], queue: 1000pkt}",
+            "spec.queue",
+            "expected a mapping such as {limit: 1000pkt",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], queue: {aqm: {red: {min: 1, max: 2, maxP: 1%}}}}",
+            "spec.queue.aqm.red.weight",
+            "missing field `weight`",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], queue: {aqm: {red: {min: 1, max: 2, maxP: 1%, weight: 1.5}}}}",
+            "spec.queue.aqm.red.weight",
+            "invalid fraction \"1.5\": it exceeds the maximum of 1",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], classes: [{queue: 0, protocol: sctp}]}",
+            "spec.classes[0].protocol",
+            "expected tcp, udp, icmp or a number from 0 to 255",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], jitterDistribution: gaussian}",
+            "spec.jitterDistribution",
+            "unknown variant `gaussian`",
+        ),
+        (
+            "{topology: t, endpoints: [a, b], scheduler: {fcfs: {quantum: 1}}}",
+            "spec.scheduler.fcfs.quantum",
+            "unknown field `quantum`",
+        ),
+    ];
+    for (spec, field, reason) in cases {
+        let errors = parse_errors("p.yaml", &link(spec));
+        expect(&errors, doc, field, reason);
+        assert_eq!(errors.len(), 1, "{spec}");
+    }
+    // A weight written as a string parses too.
+    let m = parse(
+        "w.yaml",
+        &link(
+            "{topology: t, endpoints: [a, b], queue: {aqm: {red: {min: 1, max: 2, maxP: 1%, weight: '0.25'}}}}",
+        ),
+    );
+    let red = m.links[0]
+        .object
+        .spec
+        .queue
+        .as_ref()
+        .and_then(|q| q.aqm.as_ref())
+        .and_then(|a| a.red.as_ref());
+    assert_eq!(red.map(|r| r.weight.ppm()), Some(250_000));
+}
+
+#[test]
+fn stored_json_uses_the_protocol_names_and_reads_old_rows() {
+    let p = plan("shaped.yaml", SHAPED);
+    let core = &link(&p, "core").forward;
+    let json = serde_json::to_value(core).expect("serializes");
+    assert_eq!(json["rate_bps"], serde_json::json!(100_000_000));
+    assert_eq!(json["delay_us"], serde_json::json!(20_000));
+    assert_eq!(
+        json["queue"]["aqm"]["red"]["weight_ppm"],
+        serde_json::json!(2_000)
+    );
+    assert_eq!(
+        json["scheduler"],
+        serde_json::json!({"wrr": {"weights": [4, 1]}})
+    );
+    assert_eq!(
+        serde_json::from_value::<LinkParams>(json).ok().as_ref(),
+        Some(core)
+    );
+    // What migration 0002 builds from a row of 0001.
+    let migrated = serde_json::json!({
+        "rate_bps": 1000, "burst_bytes": null, "delay_us": 5000, "jitter_us": null,
+        "jitter_distribution": "uniform", "loss_ppm": 10, "loss_correlation_ppm": null,
+        "reorder_ppm": null, "duplicate_ppm": null, "corrupt_ppm": null,
+        "queue": {"limit_packets": 100, "limit_bytes": null, "aqm": "taildrop"},
+        "scheduler": "fcfs", "classes": []
+    });
+    assert_eq!(
+        serde_json::from_value::<LinkParams>(migrated).ok(),
+        Some(LinkParams {
+            rate_bps: Some(1000),
+            delay: Some(Duration::from_millis(5)),
+            loss_ppm: Some(10),
+            queue: QueueParams {
+                limit_packets: Some(100),
+                ..QueueParams::default()
+            },
+            ..LinkParams::default()
+        })
+    );
+    // Missing keys are unset; a misspelt one is an error, not an unshaped link.
+    assert_eq!(
+        serde_json::from_str::<LinkParams>("{}").ok(),
+        Some(LinkParams::default())
+    );
+    assert!(serde_json::from_str::<LinkParams>(r#"{"rate": 5}"#).is_err());
+}
