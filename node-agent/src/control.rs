@@ -2,7 +2,7 @@
 //! the hub: when the stream drops, the dataplane keeps forwarding with the config
 //! it has, and the agent reconnects with backoff and applies the fresh snapshot.
 
-use crate::dataplane::Dataplane;
+use crate::dataplane::{ApplyError, Dataplane};
 use hyper_util::rt::TokioIo;
 use nextmini_proto::v1 as pb;
 use pb::control_client::ControlClient;
@@ -143,8 +143,23 @@ async fn session(
                         tx.send(message(pb::agent_message::Msg::Ack(pb::Ack { generation, error }))).await?;
                     }
                     Some(pb::controller_message::Msg::Delta(d)) => {
-                        tracing::warn!(generation = d.generation, "deltas are not supported by this agent; asking for a snapshot");
-                        return Ok(());
+                        let generation = d.generation;
+                        let error = match dataplane.apply_delta(d) {
+                            Ok(()) => {
+                                tracing::debug!(generation, "delta applied");
+                                String::new()
+                            }
+                            Err(e @ (ApplyError::OutOfOrder { .. } | ApplyError::NoSnapshot)) => {
+                                // Reconnecting brings a fresh snapshot.
+                                tracing::warn!(error = %e, "resyncing");
+                                return Ok(());
+                            }
+                            Err(e) => {
+                                tracing::error!(generation, error = %e, "delta rejected");
+                                e.to_string()
+                            }
+                        };
+                        tx.send(message(pb::agent_message::Msg::Ack(pb::Ack { generation, error }))).await?;
                     }
                     Some(pb::controller_message::Msg::Reject(r)) => {
                         return Err(format!("hub rejected this agent: {}", r.reason).into());

@@ -19,6 +19,8 @@ pub struct LinkCounters {
     pub ecn_marks: AtomicU64,
     pub queue_packets: AtomicU64,
     pub queue_bytes: AtomicU64,
+    /// Latest keepalive round trip of the connection, microseconds (0 = none yet).
+    pub rtt_us: AtomicU64,
 }
 
 impl LinkCounters {
@@ -62,6 +64,7 @@ impl LinkCounters {
             ecn_marks: self.ecn_marks.load(Relaxed),
             queue_packets: self.queue_packets.load(Relaxed),
             queue_bytes: self.queue_bytes.load(Relaxed),
+            rtt_us: self.rtt_us.load(Relaxed),
         }
     }
 }

@@ -26,6 +26,10 @@ pub enum ApplyError {
     Routes(#[from] crate::routing::RouteError),
     #[error("{0}")]
     Quic(#[from] crate::quic::QuicError),
+    #[error("delta from generation {base} does not apply to generation {have}")]
+    OutOfOrder { base: u64, have: u64 },
+    #[error("a delta arrived before any snapshot")]
+    NoSnapshot,
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ApplyError {
@@ -53,6 +57,9 @@ pub struct Dataplane {
     links: LinkMap,
     pub counters: Arc<NodeCounters>,
     generation: u64,
+    /// The config in force, which deltas are applied to.
+    current_links: Vec<pb::LinkConfig>,
+    current_routes: pb::RouteTable,
 }
 
 impl Dataplane {
@@ -67,6 +74,8 @@ impl Dataplane {
             links: Arc::new(ArcSwap::from_pointee(HashMap::new())),
             counters: Arc::new(NodeCounters::default()),
             generation: 0,
+            current_links: Vec::new(),
+            current_routes: pb::RouteTable::default(),
         }
     }
 
@@ -77,16 +86,54 @@ impl Dataplane {
     pub async fn apply_snapshot(&mut self, snapshot: pb::Snapshot) -> Result<(), ApplyError> {
         let node = snapshot.node.as_ref().ok_or(ApplyError::NoNode)?;
         let context = self.ensure_started(node).await?;
-        let links = self.build_links(&snapshot.links, &context)?;
-        let table = match &snapshot.routes {
-            Some(r) => RouteTable::from_proto(r, |name| links.get(name).cloned())?,
-            None => RouteTable::empty(),
-        };
+        self.apply_config(
+            snapshot.links,
+            snapshot.routes.unwrap_or_default(),
+            snapshot.generation,
+            &context,
+        )
+    }
+
+    /// Applies a change on top of the config in force. A delta built on another
+    /// generation than ours is refused: the caller then asks for a snapshot.
+    pub fn apply_delta(&mut self, delta: pb::Delta) -> Result<(), ApplyError> {
+        if delta.base_generation != self.generation {
+            return Err(ApplyError::OutOfOrder {
+                base: delta.base_generation,
+                have: self.generation,
+            });
+        }
+        let context = self.context.clone().ok_or(ApplyError::NoSnapshot)?;
+        let mut links: Vec<pb::LinkConfig> = self
+            .current_links
+            .iter()
+            .filter(|l| {
+                !delta.remove_links.contains(&l.name)
+                    && !delta.upsert_links.iter().any(|u| u.name == l.name)
+            })
+            .cloned()
+            .collect();
+        links.extend(delta.upsert_links);
+        let routes = delta.routes.unwrap_or_else(|| self.current_routes.clone());
+        self.apply_config(links, routes, delta.generation, &context)
+    }
+
+    fn apply_config(
+        &mut self,
+        links: Vec<pb::LinkConfig>,
+        routes: pb::RouteTable,
+        generation: u64,
+        context: &LinkContext,
+    ) -> Result<(), ApplyError> {
+        let map = self.build_links(&links, context)?;
+        let table = RouteTable::from_proto(&routes, |name| map.get(name).cloned())?;
         // Links first, so the listener knows every link the new routes may use;
         // then the routes, in one swap: a flow sees the old table or the new one.
-        self.links.store(Arc::new(links));
+        self.links.store(Arc::new(map));
         self.routes.store(Arc::new(table));
-        self.generation = snapshot.generation;
+        self.generation = generation;
+        self.current_links = links;
+        self.current_routes = routes;
         Ok(())
     }
 

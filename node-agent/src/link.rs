@@ -31,6 +31,10 @@ const HANDOFF_QUEUE: usize = 1024;
 const INTAKE_BATCH: usize = 256;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// How often a link measures its connection's round trip.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// Keepalive flag: this frame answers a probe.
+const PROBE_REPLY: u8 = 1;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Transport {
@@ -255,12 +259,18 @@ impl LinkTask {
             _quic: quic_connection,
         } = conn;
         let mut writer: FrameWriter = FramedWrite::new(writer, FrameCodec);
+        let (echo_tx, mut echo_rx) = mpsc::channel::<bytes::Bytes>(8);
         let mut inbound = tokio::spawn(receive(
             FramedRead::new(reader, FrameCodec),
-            self.counters.clone(),
-            self.context.processors.clone(),
-            self.spec.name.clone(),
+            Receiver {
+                counters: self.counters.clone(),
+                processors: self.context.processors.clone(),
+                link: self.spec.name.clone(),
+                epoch: self.epoch,
+                echo: echo_tx,
+            },
         ));
+        let mut probe = tokio::time::interval(PROBE_EVERY);
         let timer = match PreciseTimer::new() {
             Ok(t) => t,
             Err(e) => return Outcome::Broken(format!("timer: {e}")),
@@ -274,6 +284,19 @@ impl LinkTask {
                     self.intake(packet);
                 }
                 _ = async { timer.sleep_until(deadline.unwrap_or_else(Instant::now)).await }, if deadline.is_some() => {}
+                _ = probe.tick() => {
+                    let sent_at = bytes::Bytes::copy_from_slice(&self.now().to_be_bytes());
+                    if let Err(e) = writer.send(keepalive(0, sent_at)).await {
+                        break Outcome::Broken(e.to_string());
+                    }
+                }
+                echo = echo_rx.recv() => {
+                    if let Some(payload) = echo
+                        && let Err(e) = writer.send(keepalive(PROBE_REPLY, payload)).await
+                    {
+                        break Outcome::Broken(e.to_string());
+                    }
+                }
                 changed = self.params.changed() => {
                     if changed.is_err() { break Outcome::Stopped; }
                     let params = self.params.borrow_and_update().clone();
@@ -426,30 +449,63 @@ async fn send_one(conn: &mut Conn, frame: Frame) -> Result<(), String> {
     w.send(frame).await.map_err(|e| e.to_string())
 }
 
-/// The receiving half: frames from the peer go to the processors. Returns why
-/// it stopped.
-async fn receive(
-    mut reader: FramedRead<crate::conn::Reader, FrameCodec>,
+/// A keepalive frame: a probe (flags 0) or its echo (flags `PROBE_REPLY`),
+/// carrying the prober's clock; it bypasses the emulation pipeline, so the
+/// round trip is the connection's own.
+fn keepalive(flags: u8, payload: bytes::Bytes) -> Frame {
+    Frame {
+        header: FrameHeader {
+            kind: FrameKind::Keepalive,
+            hops: 0,
+            flags,
+            label: 0,
+            payload_len: payload.len() as u32,
+        },
+        payload,
+    }
+}
+
+/// What the receiving half needs.
+struct Receiver {
     counters: Arc<LinkCounters>,
     processors: Processors,
     link: String,
-) -> String {
+    epoch: Instant,
+    echo: mpsc::Sender<bytes::Bytes>,
+}
+
+/// The receiving half: frames from the peer go to the processors; probes are
+/// echoed and echoes give the round trip. Returns why it stopped.
+async fn receive(mut reader: FramedRead<crate::conn::Reader, FrameCodec>, rx: Receiver) -> String {
     while let Some(frame) = reader.next().await {
         let frame = match frame {
             Ok(f) => f,
-            Err(e) => return format!("bad frame from peer of {link}: {e}"),
+            Err(e) => return format!("bad frame from peer of {}: {e}", rx.link),
         };
-        if frame.header.kind != FrameKind::Data {
-            continue;
+        match frame.header.kind {
+            FrameKind::Data => {
+                rx.counters.count_rx(frame.payload.len());
+                rx.processors
+                    .dispatch(Packet {
+                        data: frame.payload,
+                        label: frame.header.label,
+                        hops: frame.header.hops,
+                    })
+                    .await;
+            }
+            FrameKind::Keepalive if frame.header.flags & PROBE_REPLY == 0 => {
+                // A full echo queue means probes pile up; skipping one is harmless.
+                let _ = rx.echo.try_send(frame.payload);
+            }
+            FrameKind::Keepalive => {
+                if let Ok(sent) = <[u8; 8]>::try_from(&frame.payload[..]) {
+                    let now = rx.epoch.elapsed().as_nanos() as u64;
+                    let rtt_ns = now.saturating_sub(u64::from_be_bytes(sent));
+                    rx.counters.rtt_us.store(rtt_ns / 1000, Relaxed);
+                }
+            }
+            FrameKind::Hello => {}
         }
-        counters.count_rx(frame.payload.len());
-        processors
-            .dispatch(Packet {
-                data: frame.payload,
-                label: frame.header.label,
-                hops: frame.header.hops,
-            })
-            .await;
     }
-    format!("peer of {link} closed the connection")
+    format!("peer of {} closed the connection", rx.link)
 }

@@ -116,7 +116,23 @@ struct Rule {
     src_port: Option<u16>,
     dst_port: Option<u16>,
     protocol: Option<u8>,
-    route_id: u32,
+    route: RuleRoute,
+}
+
+/// Where a rule sends matching flows: one route, or one of several by weight.
+#[derive(Clone, Debug)]
+enum RuleRoute {
+    One(u32),
+    Weighted(Weighted<u32>),
+}
+
+impl RuleRoute {
+    fn pick(&self, key: &FlowKey) -> Option<u32> {
+        match self {
+            RuleRoute::One(id) => Some(*id),
+            RuleRoute::Weighted(w) => w.pick(key.stable_hash()).copied(),
+        }
+    }
 }
 
 impl Rule {
@@ -235,15 +251,43 @@ impl<L> RouteTable<L> {
                     })
                 }
             };
-            if rule.route_id == 0 {
-                return Err(RouteError::ZeroRouteId { used_by: used_by() });
+            // A rule names one route, or weighted choices among several.
+            let choices: Vec<(u32, u32)> = if rule.choices.is_empty() {
+                vec![(rule.route_id, 1)]
+            } else {
+                rule.choices
+                    .iter()
+                    .map(|c| (c.route_id, c.weight.max(1)))
+                    .collect()
+            };
+            for &(route_id, _) in &choices {
+                if route_id == 0 {
+                    return Err(RouteError::ZeroRouteId { used_by: used_by() });
+                }
+                if !labels.contains_key(&route_id) {
+                    return Err(RouteError::RuleWithoutLabel { rule: i, route_id });
+                }
             }
-            if !labels.contains_key(&rule.route_id) {
-                return Err(RouteError::RuleWithoutLabel {
-                    rule: i,
-                    route_id: rule.route_id,
-                });
-            }
+            let route = match choices.as_slice() {
+                [(id, _)] => RuleRoute::One(*id),
+                many => {
+                    let mut bounds = Vec::with_capacity(many.len());
+                    let mut ids = Vec::with_capacity(many.len());
+                    let mut total = 0u64;
+                    let mut salt = Fnv1a::new();
+                    for &(id, weight) in many {
+                        total += u64::from(weight);
+                        bounds.push(total);
+                        ids.push(id);
+                        salt.write(&id.to_be_bytes());
+                    }
+                    RuleRoute::Weighted(Weighted {
+                        bounds,
+                        links: ids,
+                        salt: salt.finish(),
+                    })
+                }
+            };
             // Proto3 has no u16/u8; 0 doubles as "unset", which also means "any".
             let src_port = small("src_port", rule.src_port, u32::from(u16::MAX))? as u16;
             let dst_port = small("dst_port", rule.dst_port, u32::from(u16::MAX))? as u16;
@@ -254,7 +298,7 @@ impl<L> RouteTable<L> {
                 src_port: (src_port != 0).then_some(src_port),
                 dst_port: (dst_port != 0).then_some(dst_port),
                 protocol: (protocol != 0).then_some(protocol),
-                route_id: rule.route_id,
+                route,
             });
         }
 
@@ -280,7 +324,10 @@ impl<L: Clone> RouteTable<L> {
             return self.follow_label(label);
         }
         if let Some(rule) = self.rules.iter().find(|r| r.matches(key)) {
-            return self.follow_label(rule.route_id);
+            return match rule.route.pick(key) {
+                Some(route_id) => self.follow_label(route_id),
+                None => Decision::Drop(DropReason::NoRoute),
+            };
         }
         match self.destinations.get(&key.dst) {
             None => Decision::Drop(DropReason::NoRoute),
@@ -550,6 +597,7 @@ mod tests {
             dst_port: 80,
             protocol: u32::from(PROTO_TCP),
             route_id: 7,
+            choices: vec![],
         };
         let t = build(pb::RouteTable {
             labels: vec![label(7, "a-c")],
@@ -891,5 +939,81 @@ mod tests {
             ..Default::default()
         });
         assert!(RouteTable::from_proto(&ok, resolve).is_ok());
+    }
+
+    #[test]
+    fn weighted_rules_split_an_aggregate_per_flow() {
+        let table = pb::RouteTable {
+            labels: vec![label(5, "via-x"), label(6, "via-y")],
+            flow_rules: vec![pb::FlowRule {
+                dst_addr: "10.0.0.9".into(),
+                choices: vec![
+                    pb::RouteChoice {
+                        route_id: 5,
+                        weight: 1,
+                    },
+                    pb::RouteChoice {
+                        route_id: 6,
+                        weight: 3,
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let t: RouteTable<String> =
+            RouteTable::from_proto(&table, |n| Some(n.to_string())).expect("table");
+        let mut via_y = 0;
+        let flows = 10_000u16;
+        for port in 0..flows {
+            let key = FlowKey {
+                src: "10.0.0.1".parse().expect("addr"),
+                dst: "10.0.0.9".parse().expect("addr"),
+                protocol: 6,
+                src_port: 1024 + port,
+                dst_port: 80,
+            };
+            let first = t.lookup(&key, 0);
+            // The same flow always takes the same route, and carries its label.
+            match (&first, t.lookup(&key, 0)) {
+                (Decision::Forward { link, label }, Decision::Forward { link: again, .. }) => {
+                    assert_eq!(link, &again);
+                    assert_eq!(*label, if link == "via-y" { 6 } else { 5 });
+                    if link == "via-y" {
+                        via_y += 1;
+                    }
+                }
+                other => panic!("unexpected {other:?}"),
+            }
+        }
+        let share = f64::from(via_y) / f64::from(flows);
+        assert!((share - 0.75).abs() < 0.03, "weight 3 of 4 got {share}");
+    }
+
+    #[test]
+    fn weighted_rule_choices_need_label_routes() {
+        let table = pb::RouteTable {
+            labels: vec![label(5, "via-x")],
+            flow_rules: vec![pb::FlowRule {
+                choices: vec![
+                    pb::RouteChoice {
+                        route_id: 5,
+                        weight: 1,
+                    },
+                    pb::RouteChoice {
+                        route_id: 8,
+                        weight: 1,
+                    },
+                ],
+                ..Default::default()
+            }],
+            ..Default::default()
+        };
+        let err = RouteTable::<String>::from_proto(&table, |n| Some(n.to_string()))
+            .expect_err("route 8 unknown");
+        assert!(
+            matches!(err, RouteError::RuleWithoutLabel { route_id: 8, .. }),
+            "{err}"
+        );
     }
 }

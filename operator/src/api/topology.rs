@@ -42,6 +42,9 @@ pub struct TopologySpec {
     /// Address pools for the overlay (TUN) and underlay (bridge / pod) networks.
     #[serde(default)]
     pub addressing: AddressingSpec,
+    /// How the agents report their counters; changes apply live.
+    #[serde(default)]
+    pub telemetry: TelemetrySpec,
     /// The nodes, in order; a node's position decides its addresses.
     #[serde(default)]
     #[schemars(length(max = 65534))]
@@ -66,6 +69,28 @@ pub enum Placement {
     Netns,
     /// One Kubernetes pod per node.
     PodPerNode,
+}
+
+/// How the agents report counters to the control plane.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TelemetrySpec {
+    /// Interval between two reports of every agent, from 100ms to 60s (default 1s).
+    /// Each report is stored in the metrics history.
+    #[serde(default = "default_report_interval")]
+    pub interval: crate::units::Duration,
+}
+
+fn default_report_interval() -> crate::units::Duration {
+    crate::units::Duration::from_std(std::time::Duration::from_secs(1))
+}
+
+impl Default for TelemetrySpec {
+    fn default() -> Self {
+        TelemetrySpec {
+            interval: default_report_interval(),
+        }
+    }
 }
 
 /// Dataplane settings applied to every node.

@@ -55,11 +55,17 @@ async fn flush(store: &Store, pending: &mut Vec<CounterRow>) {
     if pending.is_empty() {
         return;
     }
-    match store.record_counters(pending).await {
+    // The history first: if it fails the batch is retried whole, and the latest
+    // values are written again with it (an upsert, so never twice).
+    let written = match store.record_metrics(pending).await {
+        Ok(()) => store.record_counters(pending).await,
+        Err(e) => Err(e),
+    };
+    match written {
         Ok(()) => pending.clear(),
         Err(e) => {
-            // Keep the rows (counters are cumulative, only the latest matters) and
-            // retry on the next tick; bound the buffer so an outage cannot grow it.
+            // Keep the rows and retry on the next tick; bound the buffer so an
+            // outage cannot grow it without limit (the oldest samples go first).
             tracing::warn!(error = %e, rows = pending.len(), "writing counters failed; will retry");
             if pending.len() > 4 * MAX_BATCH {
                 let excess = pending.len() - 4 * MAX_BATCH;

@@ -1,38 +1,41 @@
 //! The control hub: one persistent gRPC bidi stream per agent. On Hello it checks
-//! the agent's credential and sends a full snapshot; when the topology's desired
-//! state changes (a NOTIFY from PostgreSQL) it sends every connected agent of that
-//! topology its new snapshot; it stores acknowledgements and counters.
+//! the agent's credential and sends a full snapshot. When a topology's desired
+//! state changes (a NOTIFY from PostgreSQL after any committed change: a
+//! re-applied manifest, a script's UPDATE of a link, route or rule) it sends each
+//! of the topology's agents an ordered delta from the generation it has to the
+//! new one. It stores acknowledgements, counters and the metrics history, and
+//! marks agents that fall silent.
 
 mod batcher;
 mod params;
+mod session;
 mod snapshot;
 
-pub use snapshot::TopologyView;
+pub use snapshot::{TopologyView, delta};
 
-use crate::store::{CounterRow, Store, TOPOLOGY_CHANNEL};
+use crate::store::{Store, TOPOLOGY_CHANNEL};
 use batcher::CounterBatcher;
 use nextmini_proto::v1 as pb;
 use pb::control_server::{Control, ControlServer};
+use session::SessionEntry;
 use sha2::{Digest, Sha256};
 use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::{Mutex, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-/// Default interval at which agents report counters.
-pub const REPORT_INTERVAL_MS: u32 = 1000;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// An agent silent for this many report intervals (at least `SILENCE_MIN`) is
+/// marked disconnected and its session dropped.
+const SILENT_INTERVALS: u64 = 3;
+const SILENCE_MIN: Duration = Duration::from_secs(3);
+const RETENTION_EVERY: Duration = Duration::from_secs(30);
 
 type SessionKey = (String, String);
-
-struct SessionEntry {
-    id: u64,
-    tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>,
-}
 
 #[derive(Clone)]
 pub struct Hub {
@@ -45,6 +48,7 @@ struct Inner {
     views: Mutex<HashMap<String, Arc<TopologyView>>>,
     sessions: Mutex<HashMap<SessionKey, SessionEntry>>,
     next_session: AtomicU64,
+    started: Instant,
 }
 
 impl Hub {
@@ -57,6 +61,7 @@ impl Hub {
                 views: Mutex::new(HashMap::new()),
                 sessions: Mutex::new(HashMap::new()),
                 next_session: AtomicU64::new(1),
+                started: Instant::now(),
             }),
         }
     }
@@ -74,7 +79,7 @@ impl Hub {
         }
         let listener = tokio::net::UnixListener::bind(path)?;
         set_owner_only(path)?;
-        tokio::spawn(self.clone().watch_changes());
+        self.start_background().await;
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
             .http2_keepalive_timeout(Some(Duration::from_secs(5)))
@@ -87,9 +92,45 @@ impl Hub {
         Ok(())
     }
 
-    /// The topology's view at its current generation, rebuilt only when the
-    /// generation moved: a thousand agents connecting at once share one plan load.
-    async fn view(&self, topology: &str) -> Result<Option<Arc<TopologyView>>, Status> {
+    /// The tasks beside the streams: change listener, silence watchdog, metrics
+    /// retention.
+    async fn start_background(&self) {
+        // Sessions of an earlier hub died with it: what the store says about
+        // connected agents is stale until they reconnect.
+        match self.inner.store.reset_agent_states().await {
+            Ok(n) if n > 0 => {
+                tracing::info!(agents = n, "marked agents of the previous hub disconnected")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "resetting agent states failed"),
+        }
+        tokio::spawn(self.clone().watch_changes());
+        tokio::spawn(self.clone().watch_silence());
+        tokio::spawn(self.clone().trim_metrics());
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.inner.started.elapsed().as_millis() as u64
+    }
+
+    /// Reads a topology's current view (plan, link identity, routes) from the store.
+    async fn load_view(
+        &self,
+        topology: &str,
+    ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
+        let store = &self.inner.store;
+        let Some((plan, generation)) = store.load_plan(topology).await? else {
+            return Ok(None);
+        };
+        let (routes, rules) = store.routes(topology).await?;
+        let mut view = TopologyView::new(plan, generation).with_routes(routes, rules);
+        view.identity = store.link_identity(topology).await?;
+        Ok(Some(Arc::new(view)))
+    }
+
+    /// The view at the topology's current generation, loaded only when the
+    /// generation moved: a thousand agents connecting at once share one load.
+    async fn current_view(&self, topology: &str) -> Result<Option<Arc<TopologyView>>, Status> {
         let unavailable = |e: crate::store::StoreError| Status::unavailable(e.to_string());
         let Some(generation) = self
             .inner
@@ -101,54 +142,49 @@ impl Hub {
             self.inner.views.lock().await.remove(topology);
             return Ok(None);
         };
-        let mut views = self.inner.views.lock().await;
-        if let Some(v) = views.get(topology).filter(|v| v.generation == generation) {
+        if let Some(v) = self
+            .inner
+            .views
+            .lock()
+            .await
+            .get(topology)
+            .filter(|v| v.generation == generation)
+        {
             return Ok(Some(v.clone()));
         }
-        let Some((plan, generation)) = self
-            .inner
-            .store
-            .load_plan(topology)
-            .await
-            .map_err(unavailable)?
-        else {
-            views.remove(topology);
-            return Ok(None);
-        };
-        let mut view = TopologyView::new(plan, generation);
-        view.identity = self
-            .inner
-            .store
-            .link_identity(topology)
-            .await
-            .map_err(unavailable)?;
-        let view = Arc::new(view);
-        views.insert(topology.to_string(), view.clone());
-        Ok(Some(view))
+        let view = self.load_view(topology).await.map_err(unavailable)?;
+        let mut views = self.inner.views.lock().await;
+        match &view {
+            Some(v) => {
+                views.insert(topology.to_string(), v.clone());
+            }
+            None => {
+                views.remove(topology);
+            }
+        }
+        Ok(view)
     }
 
-    /// LISTENs for committed changes and pushes fresh snapshots to the agents of
-    /// the changed topology. After a lost connection every session is resent its
-    /// snapshot, since notifications may have been missed meanwhile.
+    /// LISTENs for committed changes and brings every agent of the changed
+    /// topology to the new generation. After a lost connection every topology
+    /// with sessions is refreshed, since notifications may have been missed.
     async fn watch_changes(self) {
         let mut backoff = Duration::from_millis(100);
         loop {
-            match self.listen_once().await {
-                Ok(()) => return,
-                Err(e) => {
-                    tracing::warn!(error = %e, "topology change listener failed; reconnecting");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
-                    let topologies: Vec<String> = {
-                        let sessions = self.inner.sessions.lock().await;
-                        let mut t: Vec<String> = sessions.keys().map(|k| k.0.clone()).collect();
-                        t.dedup();
-                        t
-                    };
-                    for t in topologies {
-                        self.push_snapshots(&t).await;
-                    }
-                }
+            if let Err(e) = self.listen_once().await {
+                tracing::warn!(error = %e, "topology change listener failed; reconnecting");
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(5));
+            let topologies: Vec<String> = {
+                let sessions = self.inner.sessions.lock().await;
+                let mut t: Vec<String> = sessions.keys().map(|k| k.0.clone()).collect();
+                t.sort();
+                t.dedup();
+                t
+            };
+            for t in topologies {
+                self.on_change(&t).await;
             }
         }
     }
@@ -159,36 +195,106 @@ impl Hub {
         listener.listen(TOPOLOGY_CHANNEL).await?;
         loop {
             let n = listener.recv().await?;
-            self.push_snapshots(n.payload()).await;
+            self.on_change(n.payload()).await;
         }
     }
 
-    async fn push_snapshots(&self, topology: &str) {
-        let view = match self.view(topology).await {
-            Ok(Some(v)) => v,
-            Ok(None) => return,
+    /// Sends each session of `topology` what it needs to reach the new
+    /// generation: a delta from the generation it has, or a full snapshot when
+    /// no delta applies. Sessions are locked throughout, so a Hello racing with
+    /// this sees either the old generation (and gets the delta) or the new one.
+    async fn on_change(&self, topology: &str) {
+        let new = match self.load_view(topology).await {
+            Ok(v) => v,
             Err(e) => {
                 tracing::warn!(%topology, error = %e, "cannot load changed topology");
                 return;
             }
         };
-        let sessions = self.inner.sessions.lock().await;
-        for ((t, node), entry) in sessions.iter() {
+        let old = {
+            let mut views = self.inner.views.lock().await;
+            match &new {
+                Some(v) => views.insert(topology.to_string(), v.clone()),
+                None => views.remove(topology),
+            }
+        };
+        let mut sessions = self.inner.sessions.lock().await;
+        for ((t, node), entry) in sessions.iter_mut() {
             if t != topology {
                 continue;
             }
-            let msg = match view.snapshot(node, REPORT_INTERVAL_MS) {
-                Some(s) => pb::controller_message::Msg::Snapshot(s),
-                None => pb::controller_message::Msg::Reject(pb::Reject {
-                    reason: format!("node {node} is no longer part of topology {topology}"),
-                }),
+            let Some(new) = &new else {
+                entry.send(reject(format!("topology {topology} was deleted")));
+                continue;
             };
-            if entry
-                .tx
-                .try_send(Ok(pb::ControllerMessage { msg: Some(msg) }))
-                .is_err()
-            {
-                tracing::warn!(%topology, %node, "session queue full; agent will resync on reconnect");
+            if entry.generation == new.generation {
+                continue;
+            }
+            let Some(next) = new.snapshot(node) else {
+                entry.send(reject(format!(
+                    "node {node} is no longer part of topology {topology}"
+                )));
+                continue;
+            };
+            let msg = old
+                .as_ref()
+                .filter(|o| o.generation == entry.generation)
+                .and_then(|o| o.snapshot(node))
+                .and_then(|before| delta(&before, &next))
+                .map(pb::controller_message::Msg::Delta)
+                .unwrap_or(pb::controller_message::Msg::Snapshot(next));
+            entry.report_interval_ms = new.plan.report_interval_ms;
+            if entry.send(msg) {
+                entry.generation = new.generation;
+            }
+        }
+    }
+
+    /// Drops sessions whose agent has been silent for several report intervals
+    /// (a hung or killed agent whose connection the kernel has not reset) and
+    /// marks their nodes disconnected.
+    async fn watch_silence(self) {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tick.tick().await;
+            let now = self.now_ms();
+            let silent: Vec<(SessionKey, i64)> = {
+                let mut sessions = self.inner.sessions.lock().await;
+                let keys: Vec<SessionKey> = sessions
+                    .iter()
+                    .filter(|(_, e)| {
+                        let limit = (u64::from(e.report_interval_ms) * SILENT_INTERVALS)
+                            .max(SILENCE_MIN.as_millis() as u64);
+                        now.saturating_sub(e.last_seen.load(Ordering::Relaxed)) > limit
+                    })
+                    .map(|(k, _)| k.clone())
+                    .collect();
+                keys.into_iter()
+                    .filter_map(|k| sessions.remove(&k).map(|e| (k, e.topology_id)))
+                    .collect()
+            };
+            for ((topology, node), topology_id) in silent {
+                tracing::warn!(%topology, %node, "agent went silent; marking it disconnected");
+                if let Err(e) = self
+                    .inner
+                    .store
+                    .set_agent_state(topology_id, &node, "disconnected")
+                    .await
+                {
+                    tracing::warn!(error = %e, "marking silent agent failed");
+                }
+            }
+        }
+    }
+
+    async fn trim_metrics(self) {
+        let mut tick = tokio::time::interval(RETENTION_EVERY);
+        loop {
+            tick.tick().await;
+            match self.inner.store.trim_metrics().await {
+                Ok(n) if n > 0 => tracing::debug!(rows = n, "trimmed metrics history"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "trimming metrics failed"),
             }
         }
     }
@@ -219,91 +325,10 @@ impl Hub {
         }
         Ok(identity.topology_id)
     }
+}
 
-    async fn run_session(
-        self,
-        id: u64,
-        key: SessionKey,
-        topology_id: i64,
-        mut inbound: Streaming<pb::AgentMessage>,
-    ) {
-        let (topology, node) = &key;
-        let mut last_sequence = 0u64;
-        loop {
-            let msg = match inbound.message().await {
-                Ok(Some(m)) => m,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::info!(%topology, %node, error = %e, "agent stream ended");
-                    break;
-                }
-            };
-            match msg.msg {
-                Some(pb::agent_message::Msg::Ack(ack)) => {
-                    if !ack.error.is_empty() {
-                        tracing::warn!(%topology, %node, generation = ack.generation, error = %ack.error, "agent rejected config");
-                        continue;
-                    }
-                    if let Err(e) = self
-                        .inner
-                        .store
-                        .record_ack(topology_id, node, ack.generation as i64)
-                        .await
-                    {
-                        tracing::warn!(error = %e, "storing ack failed");
-                    }
-                }
-                Some(pb::agent_message::Msg::Report(report)) => {
-                    // A report replayed after a reconnect carries an old sequence.
-                    if report.sequence != 0 && report.sequence <= last_sequence {
-                        continue;
-                    }
-                    last_sequence = report.sequence;
-                    let rows = report
-                        .links
-                        .into_iter()
-                        .map(|l| CounterRow {
-                            topology_id,
-                            node: node.clone(),
-                            link: l.link,
-                            connected: l.connected,
-                            tx_bytes: l.tx_bytes,
-                            tx_packets: l.tx_packets,
-                            rx_bytes: l.rx_bytes,
-                            rx_packets: l.rx_packets,
-                            drops: l.drops,
-                            connects: l.connects,
-                            drops_queue: l.drops_queue,
-                            drops_aqm: l.drops_aqm,
-                            drops_loss: l.drops_loss,
-                            ecn_marks: l.ecn_marks,
-                            queue_packets: l.queue_packets,
-                            queue_bytes: l.queue_bytes,
-                        })
-                        .collect();
-                    self.inner.counters.push(rows).await;
-                }
-                Some(pb::agent_message::Msg::Hello(_)) => {
-                    tracing::warn!(%topology, %node, "second Hello on one stream ignored");
-                }
-                None => {}
-            }
-        }
-        let mut sessions = self.inner.sessions.lock().await;
-        // A newer session of the same agent may have replaced this one already.
-        if sessions.get(&key).is_some_and(|e| e.id == id) {
-            sessions.remove(&key);
-            drop(sessions);
-            if let Err(e) = self
-                .inner
-                .store
-                .set_agent_state(topology_id, node, "disconnected")
-                .await
-            {
-                tracing::warn!(error = %e, "marking agent disconnected failed");
-            }
-        }
-    }
+fn reject(reason: String) -> pb::controller_message::Msg {
+    pb::controller_message::Msg::Reject(pb::Reject { reason })
 }
 
 #[tonic::async_trait]
@@ -325,30 +350,37 @@ impl Control for Hub {
             return Err(Status::invalid_argument("the first message must be Hello"));
         };
         let topology_id = self.authenticate(&hello).await?;
-        let view = self
-            .view(&hello.topology)
-            .await?
-            .ok_or_else(|| Status::not_found(format!("no topology {}", hello.topology)))?;
-        let snapshot = view
-            .snapshot(&hello.node, REPORT_INTERVAL_MS)
-            .ok_or_else(|| Status::not_found(format!("no node {}", hello.node)))?;
-
-        // Deep enough for a burst of snapshots; a session that falls further
+        // Deep enough for a burst of changes; a session that falls further
         // behind is resynced by its next reconnect.
-        let (tx, rx) = mpsc::channel(16);
-        let snapshot_msg = pb::ControllerMessage {
-            msg: Some(pb::controller_message::Msg::Snapshot(snapshot)),
-        };
-        tx.send(Ok(snapshot_msg))
-            .await
-            .map_err(|_| Status::internal("session closed"))?;
+        let (tx, rx) = mpsc::channel(64);
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
-        self.inner
-            .sessions
-            .lock()
-            .await
-            .insert(key.clone(), SessionEntry { id, tx });
+        let last_seen = Arc::new(AtomicU64::new(self.now_ms()));
+        {
+            // Held while the snapshot is chosen and the session registered, so a
+            // concurrent change is applied to this session exactly once.
+            let mut sessions = self.inner.sessions.lock().await;
+            let view = self
+                .current_view(&hello.topology)
+                .await?
+                .ok_or_else(|| Status::not_found(format!("no topology {}", hello.topology)))?;
+            let snapshot = view
+                .snapshot(&hello.node)
+                .ok_or_else(|| Status::not_found(format!("no node {}", hello.node)))?;
+            let mut entry = SessionEntry {
+                id,
+                tx,
+                generation: view.generation,
+                last_seen: last_seen.clone(),
+                topology_id,
+                report_interval_ms: view.plan.report_interval_ms,
+            };
+            if !entry.send(pb::controller_message::Msg::Snapshot(snapshot)) {
+                return Err(Status::internal("session closed"));
+            }
+            entry.generation = view.generation;
+            sessions.insert(key.clone(), entry);
+        }
         if let Err(e) = self
             .inner
             .store
@@ -358,7 +390,14 @@ impl Control for Hub {
             tracing::warn!(error = %e, "marking agent connected failed");
         }
         tracing::info!(topology = %hello.topology, node = %hello.node, pid = hello.pid, "agent connected");
-        tokio::spawn(self.clone().run_session(id, key, topology_id, inbound));
+        tokio::spawn(session::run(
+            self.clone(),
+            id,
+            key,
+            topology_id,
+            last_seen,
+            inbound,
+        ));
         Ok(Response::new(ReceiverStream::new(rx)))
     }
 }

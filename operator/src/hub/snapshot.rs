@@ -1,8 +1,9 @@
 //! Builds an agent's snapshot from the plan: pure, so it is tested without a hub.
 
 use crate::plan::{LINK_PORT, Mapping, NextHop, Plan, Transport};
+use crate::store::{RouteRow, RouteRuleRow};
 use nextmini_proto::v1 as pb;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 /// A topology's desired state with its routes, computed once per generation and
 /// shared by every agent's snapshot.
@@ -12,6 +13,11 @@ pub struct TopologyView {
     pub hops: BTreeMap<String, Vec<NextHop>>,
     /// The topology's link certificate and key, handed to every agent.
     pub identity: Option<crate::store::LinkIdentity>,
+    /// Explicit routes that follow the topology's links: route id → (path, the
+    /// link names along it).
+    routes: BTreeMap<u32, (Vec<String>, Vec<String>)>,
+    /// Route rules whose route is valid, most specific first.
+    rules: Vec<RouteRuleRow>,
 }
 
 impl TopologyView {
@@ -22,11 +28,100 @@ impl TopologyView {
             plan,
             hops,
             identity: None,
+            routes: BTreeMap::new(),
+            rules: Vec::new(),
         }
     }
 
+    /// Adds explicit routes and rules. Routes that no longer follow the links
+    /// (the topology changed under them) are left out with a warning, and so are
+    /// the rules using them: that traffic takes the shortest path instead.
+    pub fn with_routes(mut self, routes: Vec<RouteRow>, rules: Vec<RouteRuleRow>) -> TopologyView {
+        for r in routes {
+            match crate::plan::path_links(&self.plan, &r.path) {
+                Some(links) => {
+                    self.routes.insert(r.id, (r.path, links));
+                }
+                None => {
+                    tracing::warn!(topology = %self.plan.topology, route = %r.name, path = ?r.path, "route does not follow the topology's links; ignored")
+                }
+            }
+        }
+        let mut rules: Vec<RouteRuleRow> = rules
+            .into_iter()
+            .filter(|r| {
+                self.routes.get(&r.route_id).is_some_and(|(path, _)| {
+                    path.first() == Some(&r.src) && path.last() == Some(&r.dst)
+                })
+            })
+            .collect();
+        // A rule for one port must win over a rule for the whole node pair.
+        let specificity = |r: &RouteRuleRow| {
+            usize::from(r.protocol.is_some())
+                + usize::from(r.src_port.is_some())
+                + usize::from(r.dst_port.is_some())
+        };
+        rules.sort_by(|a, b| specificity(b).cmp(&specificity(a)).then(a.id.cmp(&b.id)));
+        self.rules = rules;
+        self
+    }
+
+    /// This node's label routes and flow rules.
+    fn explicit_routes(&self, node: &str) -> (Vec<pb::LabelRoute>, Vec<pb::FlowRule>) {
+        let labels = self
+            .routes
+            .iter()
+            .filter_map(|(id, (path, links))| {
+                let at = path.iter().position(|n| n == node)?;
+                Some(pb::LabelRoute {
+                    route_id: *id,
+                    next_link: links.get(at).cloned().unwrap_or_default(),
+                })
+            })
+            .collect();
+        // Rules with the same match become one flow rule with weighted choices.
+        type Match = (String, Option<u8>, Option<u16>, Option<u16>);
+        let mut grouped: Vec<(Match, Vec<pb::RouteChoice>)> = Vec::new();
+        let mut index: HashMap<Match, usize> = HashMap::new();
+        for r in self.rules.iter().filter(|r| r.src == node) {
+            let key = (r.dst.clone(), r.protocol, r.src_port, r.dst_port);
+            let choice = pb::RouteChoice {
+                route_id: r.route_id,
+                weight: r.weight,
+            };
+            match index.get(&key) {
+                Some(&i) => grouped[i].1.push(choice),
+                None => {
+                    index.insert(key.clone(), grouped.len());
+                    grouped.push((key, vec![choice]));
+                }
+            }
+        }
+        let src_addr = self
+            .plan
+            .node(node)
+            .map(|n| n.overlay.to_string())
+            .unwrap_or_default();
+        let rules = grouped
+            .into_iter()
+            .filter_map(|((dst, protocol, src_port, dst_port), choices)| {
+                let dst = self.plan.node(&dst)?;
+                Some(pb::FlowRule {
+                    src_addr: src_addr.clone(),
+                    dst_addr: dst.overlay.to_string(),
+                    src_port: src_port.map_or(0, u32::from),
+                    dst_port: dst_port.map_or(0, u32::from),
+                    protocol: protocol.map_or(0, u32::from),
+                    route_id: choices.first().map_or(0, |c| c.route_id),
+                    choices,
+                })
+            })
+            .collect();
+        (labels, rules)
+    }
+
     /// The full snapshot for `node`, or `None` when the topology has no such node.
-    pub fn snapshot(&self, node: &str, report_interval_ms: u32) -> Option<pb::Snapshot> {
+    pub fn snapshot(&self, node: &str) -> Option<pb::Snapshot> {
         let plan = &self.plan;
         let me = plan.node(node)?;
         let links = plan
@@ -80,6 +175,7 @@ impl TopologyView {
                     .collect()
             })
             .unwrap_or_default();
+        let (labels, flow_rules) = self.explicit_routes(node);
         Some(pb::Snapshot {
             generation: self.generation as u64,
             node: Some(pb::NodeConfig {
@@ -118,12 +214,43 @@ impl TopologyView {
             links,
             routes: Some(pb::RouteTable {
                 destinations,
-                labels: vec![],
-                flow_rules: vec![],
+                labels,
+                flow_rules,
             }),
-            report_interval_ms,
+            report_interval_ms: plan.report_interval_ms,
         })
     }
+}
+
+/// What turns `old` into `new` for one agent, or `None` when only a full
+/// snapshot will do (the node's own config changed).
+pub fn delta(old: &pb::Snapshot, new: &pb::Snapshot) -> Option<pb::Delta> {
+    if old.node != new.node || old.report_interval_ms != new.report_interval_ms {
+        return None;
+    }
+    let before: HashMap<&str, &pb::LinkConfig> =
+        old.links.iter().map(|l| (l.name.as_str(), l)).collect();
+    let after: HashMap<&str, &pb::LinkConfig> =
+        new.links.iter().map(|l| (l.name.as_str(), l)).collect();
+    let upsert_links = new
+        .links
+        .iter()
+        .filter(|l| before.get(l.name.as_str()) != Some(l))
+        .cloned()
+        .collect();
+    let remove_links = old
+        .links
+        .iter()
+        .filter(|l| !after.contains_key(l.name.as_str()))
+        .map(|l| l.name.clone())
+        .collect();
+    Some(pb::Delta {
+        generation: new.generation,
+        base_generation: old.generation,
+        upsert_links,
+        remove_links,
+        routes: (old.routes != new.routes).then(|| new.routes.clone().unwrap_or_default()),
+    })
 }
 
 #[cfg(test)]
@@ -141,7 +268,7 @@ mod tests {
     #[test]
     fn middle_node_dials_one_peer_accepts_the_other_and_routes_both_ways() {
         let view = TopologyView::new(line3(), 7);
-        let s = view.snapshot("b", 1000).expect("b is a node");
+        let s = view.snapshot("b").expect("b is a node");
         assert_eq!(s.generation, 7);
         let node = s.node.expect("node config");
         assert_eq!(node.overlay_addr, "198.18.0.2");
@@ -196,7 +323,7 @@ mod tests {
     #[test]
     fn unknown_node_gets_no_snapshot() {
         let view = TopologyView::new(line3(), 1);
-        assert!(view.snapshot("z", 1000).is_none());
+        assert!(view.snapshot("z").is_none());
     }
 
     /// In the shaped example the router dials `access` and the client accepts it: each
@@ -210,7 +337,7 @@ mod tests {
             .remove(0);
         let view = TopologyView::new(plan, 1);
         let params = |node: &str, link: &str| {
-            view.snapshot(node, 1000)
+            view.snapshot(node)
                 .and_then(|s| s.links.into_iter().find(|l| l.name == link))
                 .and_then(|l| l.params)
                 .unwrap_or_else(|| panic!("{node} has no params for {link}"))
@@ -262,5 +389,127 @@ mod tests {
                 rule(None, Some(6), Some(22), None),
             ]
         );
+    }
+
+    fn diamond() -> Plan {
+        let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: dia}\nspec:\n  nodes: [{name: s}, {name: x}, {name: y}, {name: d}]\n  links:\n    - endpoints: [s, x]\n    - endpoints: [x, d]\n    - endpoints: [s, y]\n    - endpoints: [y, d]\n";
+        let manifest = crate::plan::parse_manifest("dia.yaml", text).expect("parses");
+        crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0)
+    }
+
+    fn route(id: u32, path: &[&str]) -> RouteRow {
+        RouteRow {
+            id,
+            name: format!("r{id}"),
+            path: path.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn rule(id: i64, route_id: u32, dst_port: Option<u16>, weight: u32) -> RouteRuleRow {
+        RouteRuleRow {
+            id,
+            src: "s".into(),
+            dst: "d".into(),
+            protocol: dst_port.map(|_| 6),
+            src_port: None,
+            dst_port,
+            route_id,
+            weight,
+        }
+    }
+
+    #[test]
+    fn explicit_routes_become_labels_along_the_path_and_rules_at_the_source() {
+        let view = TopologyView::new(diamond(), 3).with_routes(
+            vec![
+                route(1, &["s", "x", "d"]),
+                route(2, &["s", "y", "d"]),
+                route(9, &["s", "d"]),
+            ],
+            vec![
+                rule(1, 1, None, 1),
+                rule(2, 2, None, 3),
+                rule(3, 2, Some(5201), 1),
+                rule(4, 9, None, 1),
+            ],
+        );
+        let routes = |node: &str| view.snapshot(node).and_then(|s| s.routes).expect("routes");
+        let label = |node: &str, id: u32| {
+            routes(node)
+                .labels
+                .iter()
+                .find(|l| l.route_id == id)
+                .map(|l| l.next_link.clone())
+        };
+        assert_eq!(label("s", 2), Some("s-y".into()));
+        assert_eq!(label("y", 2), Some("y-d".into()));
+        assert_eq!(
+            label("d", 2),
+            Some(String::new()),
+            "the last hop delivers locally"
+        );
+        assert_eq!(label("x", 2), None, "x is not on route 2");
+        assert_eq!(
+            label("s", 9),
+            None,
+            "route 9 does not follow the links and is left out"
+        );
+
+        let rules = routes("s").flow_rules;
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        assert_eq!(
+            rules[0].dst_port, 5201,
+            "the port rule comes before the aggregate"
+        );
+        assert_eq!(rules[0].route_id, 2);
+        assert_eq!(rules[1].dst_addr, "198.18.0.4");
+        let choices: Vec<(u32, u32)> = rules[1]
+            .choices
+            .iter()
+            .map(|c| (c.route_id, c.weight))
+            .collect();
+        assert_eq!(
+            choices,
+            [(1, 1), (2, 3)],
+            "weighted multipath over routes 1 and 2"
+        );
+        assert!(routes("x").flow_rules.is_empty());
+    }
+
+    #[test]
+    fn deltas_carry_only_what_changed_for_each_agent() {
+        let before = TopologyView::new(diamond(), 1);
+        let after = TopologyView::new(diamond(), 2).with_routes(
+            vec![route(2, &["s", "y", "d"])],
+            vec![rule(1, 2, Some(5201), 1)],
+        );
+        let d = |node: &str| {
+            delta(
+                &before.snapshot(node).expect("before"),
+                &after.snapshot(node).expect("after"),
+            )
+            .expect("a delta applies")
+        };
+        let s = d("s");
+        assert_eq!((s.base_generation, s.generation), (1, 2));
+        assert!(s.routes.is_some() && s.upsert_links.is_empty() && s.remove_links.is_empty());
+        let x = d("x");
+        assert!(x.routes.is_none(), "x's table did not change: {x:?}");
+
+        let mut faster = diamond();
+        faster.links[0].forward.rate_bps = Some(5_000_000);
+        let relinked = TopologyView::new(faster, 2);
+        let name = relinked.plan.links[0].name.clone();
+        let dialer = relinked.plan.links[0].dialer.clone();
+        let changed = delta(
+            &before.snapshot(&dialer).expect("before"),
+            &relinked.snapshot(&dialer).expect("after"),
+        )
+        .expect("delta");
+        assert_eq!(changed.upsert_links.len(), 1);
+        assert_eq!(changed.upsert_links[0].name, name);
+        assert!(changed.routes.is_none());
     }
 }

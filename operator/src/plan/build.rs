@@ -121,6 +121,12 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         underlay,
         placement: spec.placement.into(),
         dataplane,
+        report_interval_ms: spec
+            .telemetry
+            .interval
+            .as_std()
+            .as_millis()
+            .min(u128::from(u32::MAX)) as u32,
         nodes,
         links,
         flows,

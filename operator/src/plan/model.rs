@@ -18,6 +18,8 @@ pub struct Plan {
     pub underlay: Ipv4Net,
     pub placement: Placement,
     pub dataplane: Dataplane,
+    /// How often agents report counters, in milliseconds (changes apply live).
+    pub report_interval_ms: u32,
     /// Sorted by `index`; `index` is the node's position in the topology.
     pub nodes: Vec<PlannedNode>,
     /// Sorted by name.

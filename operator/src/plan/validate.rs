@@ -39,6 +39,19 @@ fn dataplane(draft: &Draft, errors: &mut ValidationErrors) {
             format!("must be between 576 and 9000, got {}", dp.mtu),
         );
     }
+    let interval = draft.doc.object.spec.telemetry.interval.as_std();
+    if interval < std::time::Duration::from_millis(100)
+        || interval > std::time::Duration::from_secs(60)
+    {
+        errors.push(
+            origin,
+            "spec.telemetry.interval",
+            format!(
+                "must be between 100ms and 60s, got {}",
+                draft.doc.object.spec.telemetry.interval
+            ),
+        );
+    }
 }
 
 /// Why `name` cannot be a node name (it becomes a host name), if it cannot.

@@ -21,6 +21,9 @@ pub struct CounterRow {
     pub ecn_marks: u64,
     pub queue_packets: u64,
     pub queue_bytes: u64,
+    pub rtt_us: u64,
+    /// When the agent read the counters.
+    pub at: chrono::DateTime<chrono::Utc>,
 }
 
 pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {

@@ -5,11 +5,14 @@
 
 mod counters;
 pub mod identity;
+mod metrics;
 mod plan_rows;
+mod routes;
 mod status;
 
 pub use counters::CounterRow;
 pub use identity::LinkIdentity;
+pub use routes::{RouteRow, RouteRuleRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
 
 use crate::plan::Plan;
@@ -195,9 +198,35 @@ impl Store {
         Ok(())
     }
 
-    /// Upserts a batch of link counters in one statement.
+    /// Upserts a batch of link counters (latest values) in one statement.
     pub async fn record_counters(&self, rows: &[CounterRow]) -> Result<()> {
         counters::upsert(&self.pool, rows).await
+    }
+
+    /// Appends a batch of reports to the metrics history.
+    pub async fn record_metrics(&self, rows: &[CounterRow]) -> Result<()> {
+        metrics::insert(&self.pool, rows).await
+    }
+
+    /// Drops metrics older than the configured retention; returns how many.
+    pub async fn trim_metrics(&self) -> Result<u64> {
+        metrics::trim(&self.pool).await
+    }
+
+    /// The topology's explicit routes and route rules.
+    pub async fn routes(&self, topology: &str) -> Result<(Vec<RouteRow>, Vec<RouteRuleRow>)> {
+        routes::load(&self.pool, topology).await
+    }
+
+    /// Marks every agent that the store believes connected as disconnected: a
+    /// starting hub has no sessions, so those beliefs are stale.
+    pub async fn reset_agent_states(&self) -> Result<u64> {
+        let done = sqlx::query(
+            "UPDATE nodes SET agent_state = 'disconnected' WHERE agent_state = 'connected'",
+        )
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected())
     }
 
     /// How many nodes of the topology have acknowledged `generation` (or later),

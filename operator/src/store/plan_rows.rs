@@ -17,12 +17,12 @@ pub(super) async fn upsert_topology(
     source: &str,
 ) -> Result<(i64, i64)> {
     let row = sqlx::query(
-        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9) \
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
          ON CONFLICT (name) DO UPDATE SET generation = topologies.generation + 1, \
            placement = EXCLUDED.placement, runtime = EXCLUDED.runtime, overlay = EXCLUDED.overlay, \
            underlay = EXCLUDED.underlay, processors = EXCLUDED.processors, mapping = EXCLUDED.mapping, \
-           mtu = EXCLUDED.mtu, source = EXCLUDED.source, updated_at = now() \
+           mtu = EXCLUDED.mtu, source = EXCLUDED.source, report_interval_ms = EXCLUDED.report_interval_ms, updated_at = now() \
          RETURNING id, generation",
     )
     .bind(&plan.topology)
@@ -34,6 +34,7 @@ pub(super) async fn upsert_topology(
     .bind(mapping_str(plan.dataplane.mapping))
     .bind(plan.dataplane.mtu as i32)
     .bind(source)
+    .bind(plan.report_interval_ms as i32)
     .fetch_one(&mut **tx)
     .await?;
     Ok((row.get("id"), row.get("generation")))
@@ -161,7 +162,7 @@ async fn insert_links_and_flows(
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)>> {
     let Some(t) = sqlx::query(
-        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu FROM topologies WHERE name = $1",
+        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms FROM topologies WHERE name = $1",
     )
     .bind(name)
     .fetch_optional(pool)
@@ -272,6 +273,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
             },
             mtu: t.get::<i32, _>("mtu") as u32,
         },
+        report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
         nodes,
         links,
         flows,
