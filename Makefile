@@ -22,6 +22,7 @@ run: build
 test: setup lint
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1
+	NEXTMINI_BIN=$(CURDIR)/target/release/nextmini python3 -m pytest -q python/tests
 
 lint:
 	$(CARGO) fmt --all -- --check

@@ -2,7 +2,8 @@
 //! iperf3 flows between the same pair of nodes on different paths, a weighted
 //! split of an aggregate), seen on per-link counters; metrics history is kept.
 
-use nextmini_e2e::{Env, all_acked, link_counter};
+use nextmini_e2e::{Env, all_acked, kill9, link_counter};
+use std::time::Instant;
 use std::process::{Child, Stdio};
 use std::time::Duration;
 
@@ -166,4 +167,22 @@ fn routes_in_sql_steer_flows_and_split_aggregates() {
         peak > 20e6 && peak < 60e6,
         "peak s-y rate {peak} bit/s should be near the 50 Mbit/s limit"
     );
+
+    // A dead agent: its node is marked down, and its neighbours report the link down.
+    let pid: i32 = env
+        .psql("SELECT n.pid FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = 'dia' AND n.name = 'y'")
+        .parse()
+        .expect("pid of y's agent");
+    let killed = Instant::now();
+    kill9(pid);
+    env.wait_for("y marked disconnected", Duration::from_secs(5), || {
+        env.psql("SELECT agent_state FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = 'dia' AND n.name = 'y'")
+            == "disconnected"
+    });
+    let marked = killed.elapsed();
+    env.wait_for("s to report s-y down", Duration::from_secs(5), || {
+        env.psql("SELECT connected FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'dia' AND c.link = 's-y' AND c.node = 's'")
+            == "f"
+    });
+    println!("dead agent: node marked down after {marked:?}, link reported down after {:?}", killed.elapsed());
 }
