@@ -14,7 +14,9 @@ pkg_for() { # command -> Debian package
     *) echo "$1" ;;
   esac
 }
-for cmd in ip ping curl python3 iperf3 cc pkg-config psql; do
+# prometheus and chromium: the observability e2e suite scrapes a topology with a
+# real Prometheus and renders the HTML topology graph headless.
+for cmd in ip ping curl python3 iperf3 cc pkg-config psql prometheus chromium; do
   if ! have "$cmd"; then
     case "$cmd" in
       psql) need+=(postgresql-client) ;;
@@ -25,6 +27,10 @@ done
 # The PostgreSQL server (initdb, postgres) lives outside PATH on Debian.
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   need+=(postgresql)
+fi
+# `nextmini results --plot` draws its labels with a TrueType font.
+if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
+  need+=(fonts-dejavu-core)
 fi
 
 if [ ${#need[@]} -gt 0 ]; then
@@ -42,6 +48,13 @@ if [ ${#need[@]} -gt 0 ]; then
       pg_ctlcluster "$ver" "$name" stop 2>/dev/null || true
     done
   fi
+fi
+
+# The Python control package and its tests (psycopg 3 from PyPI).
+if ! python3 -c 'import psycopg, pytest' >/dev/null 2>&1; then
+  echo "setup: installing psycopg and pytest for the Python control package"
+  python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.1' 'pytest>=7' \
+    || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'psycopg[binary]>=3.1' 'pytest>=7'
 fi
 
 if ! have cargo; then

@@ -47,7 +47,9 @@ fn monotonic_ns() -> u64 {
 
 fn manifest(agents: usize) -> String {
     let mut nodes = vec!["s".to_string(), "x".into(), "y".into(), "d".into()];
-    let chain: Vec<String> = (0..agents.saturating_sub(4)).map(|i| format!("e{i}")).collect();
+    let chain: Vec<String> = (0..agents.saturating_sub(4))
+        .map(|i| format!("e{i}"))
+        .collect();
     nodes.extend(chain.iter().cloned());
     let mut out = String::from(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: lat}\nspec:\n  nodes:\n",
@@ -74,7 +76,13 @@ async fn run(agents: usize) -> Vec<f64> {
     let path = env.state_dir.join("lat.yaml");
     std::fs::write(&path, manifest(agents)).expect("manifest");
     let started = std::time::Instant::now();
-    env.ok(&["up", "-f", path.to_str().expect("path"), "--timeout-secs", "600"]);
+    env.ok(&[
+        "up",
+        "-f",
+        path.to_str().expect("path"),
+        "--timeout-secs",
+        "600",
+    ]);
     eprintln!("{agents} agents up in {:?}", started.elapsed());
 
     let url = env.ok(&["db", "url"]).trim().to_string();
@@ -100,7 +108,14 @@ async fn run(agents: usize) -> Vec<f64> {
     let sender = env.state_dir.join("sender.py");
     std::fs::write(&receiver, RECEIVER).expect("receiver");
     std::fs::write(&sender, SENDER).expect("sender");
-    env.spawn_in("d", &["python3", receiver.to_str().expect("path"), log.to_str().expect("path")]);
+    env.spawn_in(
+        "d",
+        &[
+            "python3",
+            receiver.to_str().expect("path"),
+            log.to_str().expect("path"),
+        ],
+    );
     tokio::time::sleep(Duration::from_millis(500)).await;
     env.spawn_in("s", &["python3", sender.to_str().expect("path")]);
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -151,7 +166,11 @@ async fn main() {
         .skip(1)
         .filter_map(|a| a.parse().ok())
         .collect();
-    let counts = if counts.is_empty() { vec![10, 200] } else { counts };
+    let counts = if counts.is_empty() {
+        vec![10, 200]
+    } else {
+        counts
+    };
     println!("| agents | switches | p50 | p99 | max |");
     println!("|---|---|---|---|---|");
     for n in counts {

@@ -195,6 +195,39 @@ pub fn our_interfaces() -> Vec<String> {
         .collect()
 }
 
+/// Namespaces of one topology.
+pub fn namespaces_of(topology: &str) -> Vec<String> {
+    let prefix = nextmini_operator::runtime::names::netns_prefix(topology);
+    our_namespaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Host interfaces of one topology (its bridge and veth ends).
+pub fn interfaces_of(topology: &str) -> Vec<String> {
+    let prefix = nextmini_operator::runtime::names::link_prefix(topology);
+    our_interfaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
+}
+
+/// Pids of the running agents of one topology.
+pub fn agent_pids_of(topology: &str) -> Vec<i32> {
+    agent_pids()
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| {
+                c.split(|b| *b == 0)
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .any(|w| w[0] == b"--topology" && w[1] == topology.as_bytes())
+            })
+        })
+        .collect()
+}
+
 /// Pids of running `nextmini-agent` processes.
 pub fn agent_pids() -> Vec<i32> {
     list_dir("/proc")

@@ -36,7 +36,9 @@ fn least_loaded_script_moves_a_flow_to_the_idle_path() {
         env.spawn_in("d", &["iperf3", "-s", "-p", port]);
     }
     env.wait_for("iperf3 servers", Duration::from_secs(10), || {
-        env.exec("d", &["sh", "-c", "ss -ltn | grep -q ':5202 '"]).status.success()
+        env.exec("d", &["sh", "-c", "ss -ltn | grep -q ':5202 '"])
+            .status
+            .success()
     });
     // Both flows start on the path through x.
     env.psql(
@@ -53,12 +55,16 @@ fn least_loaded_script_moves_a_flow_to_the_idle_path() {
 
     let run_for = "16";
     let mut a = env
-        .command(&["exec", "s", "--", "iperf3", "-c", "d", "-p", "5201", "-t", run_for, "-P", "4"])
+        .command(&[
+            "exec", "s", "--", "iperf3", "-c", "d", "-p", "5201", "-t", run_for, "-P", "4",
+        ])
         .stdout(Stdio::null())
         .spawn()
         .expect("flow A");
     let b = env
-        .command(&["exec", "s", "--", "iperf3", "-J", "-c", "d", "-p", "5202", "-t", run_for, "-i", "1"])
+        .command(&[
+            "exec", "s", "--", "iperf3", "-J", "-c", "d", "-p", "5202", "-t", run_for, "-i", "1",
+        ])
         .stdout(Stdio::piped())
         .spawn()
         .expect("flow B");
@@ -69,7 +75,18 @@ fn least_loaded_script_moves_a_flow_to_the_idle_path() {
     let script_started = started.elapsed().as_secs_f64();
     let mut script = Command::new("python3")
         .arg(repo_path("python/examples/least_loaded.py"))
-        .args(["--topology", "dia", "--src", "s", "--dst", "d", "--protocol", "tcp", "--dst-port", "5202"])
+        .args([
+            "--topology",
+            "dia",
+            "--src",
+            "s",
+            "--dst",
+            "d",
+            "--protocol",
+            "tcp",
+            "--dst-port",
+            "5202",
+        ])
         .env("NEXTMINI_DATABASE_URL", &url)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -92,7 +109,12 @@ fn least_loaded_script_moves_a_flow_to_the_idle_path() {
             .as_array()
             .expect("intervals")
             .iter()
-            .filter_map(|i| Some((i["sum"]["end"].as_f64()?, i["sum"]["bits_per_second"].as_f64()?)))
+            .filter_map(|i| {
+                Some((
+                    i["sum"]["end"].as_f64()?,
+                    i["sum"]["bits_per_second"].as_f64()?,
+                ))
+            })
             .filter(|(end, _)| *end > from && *end <= to)
             .map(|(_, bps)| bps)
             .collect();
@@ -109,6 +131,12 @@ fn least_loaded_script_moves_a_flow_to_the_idle_path() {
         "SELECT r.route_id FROM route_rules r JOIN topologies t ON t.id = r.topology_id \
          WHERE t.name = 'dia' AND r.dst_port = 5202",
     );
-    assert_eq!(moved, "2", "the script should have moved flow B onto the path through y");
-    assert!(after > 2.0 * before && after > 40e6, "flow B did not speed up: {before:.0} → {after:.0} bit/s");
+    assert_eq!(
+        moved, "2",
+        "the script should have moved flow B onto the path through y"
+    );
+    assert!(
+        after > 2.0 * before && after > 40e6,
+        "flow B did not speed up: {before:.0} → {after:.0} bit/s"
+    );
 }

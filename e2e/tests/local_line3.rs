@@ -4,7 +4,7 @@
 //! and a re-`up` after kill -9 of everything leave nothing behind.
 
 use nextmini_e2e::{
-    Env, agent_pids, is_running, kill9, our_interfaces, our_namespaces, repo_path, sha256_file,
+    Env, agent_pids_of, interfaces_of, is_running, kill9, namespaces_of, repo_path, sha256_file,
 };
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -27,17 +27,17 @@ fn write_random_file(path: &std::path::Path, len: usize) {
 
 fn assert_nothing_left(env: &Env, when: &str) {
     assert_eq!(
-        our_namespaces(),
+        namespaces_of("line3"),
         Vec::<String>::new(),
         "namespaces left {when}"
     );
     assert_eq!(
-        our_interfaces(),
+        interfaces_of("line3"),
         Vec::<String>::new(),
         "interfaces left {when}"
     );
     assert_eq!(
-        agent_pids(),
+        agent_pids_of("line3"),
         Vec::<i32>::new(),
         "agent processes left {when}"
     );
@@ -87,7 +87,7 @@ fn line3_end_to_end() {
         );
     }
     assert!(
-        our_namespaces().is_empty(),
+        namespaces_of("line3").is_empty(),
         "a rejected manifest created namespaces"
     );
     assert!(
@@ -212,7 +212,11 @@ fn line3_end_to_end() {
     kill9(hub);
     let before_restart = env.psql("SELECT now()");
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(agent_pids().len(), 3, "agents must survive the hub");
+    assert_eq!(
+        agent_pids_of("line3").len(),
+        3,
+        "agents must survive the hub"
+    );
     let restarted = Instant::now();
     env.ok(&["hub", "--background"]);
     env.wait_for("agents to resync with the new hub", Duration::from_secs(10), || {
@@ -245,7 +249,7 @@ fn line3_end_to_end() {
     // kill -9 of everything, then `down`, then `up` again after another kill -9.
     for round in 0..2 {
         env.ok(&["up", "-f", line3]);
-        for pid in agent_pids() {
+        for pid in agent_pids_of("line3") {
             kill9(pid);
         }
         kill9(env.hub_pid().expect("hub pid"));
@@ -264,6 +268,21 @@ fn line3_end_to_end() {
         "3",
         "stale node rows after re-up"
     );
+    // `--all` also sweeps what no database remembers: a namespace and interface
+    // named like ours that some crashed run left behind.
     env.ok(&["down"]);
     assert_nothing_left(&env, "after the final down");
+    let stray = format!(
+        "{}z",
+        nextmini_operator::runtime::names::netns_prefix("line3")
+    );
+    let made = std::process::Command::new("ip")
+        .args(["netns", "add", &stray])
+        .status();
+    assert!(made.is_ok_and(|s| s.success()));
+    env.ok(&["down", "--all"]);
+    assert!(
+        namespaces_of("line3").is_empty(),
+        "`down --all` left {stray}"
+    );
 }

@@ -3,9 +3,9 @@
 //! split of an aggregate), seen on per-link counters; metrics history is kept.
 
 use nextmini_e2e::{Env, all_acked, kill9, link_counter};
-use std::time::Instant;
 use std::process::{Child, Stdio};
 use std::time::Duration;
+use std::time::Instant;
 
 const DIAMOND: &str = "\
 apiVersion: nextmini.io/v1alpha1
@@ -184,5 +184,8 @@ fn routes_in_sql_steer_flows_and_split_aggregates() {
         env.psql("SELECT connected FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'dia' AND c.link = 's-y' AND c.node = 's'")
             == "f"
     });
-    println!("dead agent: node marked down after {marked:?}, link reported down after {:?}", killed.elapsed());
+    println!(
+        "dead agent: node marked down after {marked:?}, link reported down after {:?}",
+        killed.elapsed()
+    );
 }

@@ -106,13 +106,19 @@ async fn session(
         node: identity.node.clone(),
         credential: identity.credential.clone(),
         protocol_version: nextmini_proto::PROTOCOL_VERSION,
-        capabilities: vec!["tcp".into()],
+        capabilities: vec!["tcp".into(), "smoltcp".into()],
         running_generation: dataplane.generation(),
         pid: std::process::id(),
     };
     tx.send(message(pb::agent_message::Msg::Hello(hello)))
         .await?;
     let mut inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
+    // Up for as long as this session runs, however it ends.
+    let _stream_up = dataplane.metrics_source().state.stream_up();
+    // Flow results the previous session did not see stored go again.
+    if let Some(synth) = dataplane.synth() {
+        synth.resend_unconfirmed();
+    }
     let mut report_every = Duration::from_millis(1000);
     let mut ticker = tokio::time::interval(report_every);
     loop {
@@ -164,6 +170,16 @@ async fn session(
                     Some(pb::controller_message::Msg::Reject(r)) => {
                         return Err(format!("hub rejected this agent: {}", r.reason).into());
                     }
+                    Some(pb::controller_message::Msg::FlowsReady(r)) => {
+                        if let Some(synth) = dataplane.synth() {
+                            synth.ready(r.generation);
+                        }
+                    }
+                    Some(pb::controller_message::Msg::ResultsStored(r)) => {
+                        if let Some(synth) = dataplane.synth() {
+                            synth.stored(r.sequence);
+                        }
+                    }
                     None => {}
                 }
             }
@@ -179,6 +195,9 @@ async fn session(
                         .unwrap_or(0),
                 };
                 tx.send(message(pb::agent_message::Msg::Report(report))).await?;
+                while let Some(results) = dataplane.synth().and_then(|s| s.next_report()) {
+                    tx.send(message(pb::agent_message::Msg::FlowReport(results))).await?;
+                }
             }
         }
     }

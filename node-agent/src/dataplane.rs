@@ -30,6 +30,8 @@ pub enum ApplyError {
     OutOfOrder { base: u64, have: u64 },
     #[error("a delta arrived before any snapshot")]
     NoSnapshot,
+    #[error("{0}")]
+    Flows(#[from] crate::synth::task::TaskError),
 }
 
 fn invalid(field: impl Into<String>, reason: impl Into<String>) -> ApplyError {
@@ -57,9 +59,15 @@ pub struct Dataplane {
     links: LinkMap,
     pub counters: Arc<NodeCounters>,
     generation: u64,
+    /// Stream state and generation, for the metrics endpoint.
+    agent: Arc<crate::metrics::AgentState>,
     /// The config in force, which deltas are applied to.
     current_links: Vec<pb::LinkConfig>,
     current_routes: pb::RouteTable,
+    /// The synthetic flows' stack: started by the first snapshot with flows,
+    /// then kept, so flows survive reconnects and later snapshots.
+    synth: Option<crate::synth::Synth>,
+    synth_slot: crate::synth::SynthSlot,
 }
 
 impl Dataplane {
@@ -74,24 +82,64 @@ impl Dataplane {
             links: Arc::new(ArcSwap::from_pointee(HashMap::new())),
             counters: Arc::new(NodeCounters::default()),
             generation: 0,
+            agent: Arc::default(),
             current_links: Vec::new(),
             current_routes: pb::RouteTable::default(),
+            synth: None,
+            synth_slot: Arc::default(),
         }
+    }
+
+    /// The synthetic flows' stack, if this node has had flows.
+    pub fn synth(&self) -> Option<&crate::synth::Synth> {
+        self.synth.as_ref()
+    }
+
+    /// Hands the snapshot's flows to the stack, starting it for the first one.
+    fn apply_flows(&mut self, flows: Vec<crate::synth::task::Task>, context: &LinkContext) {
+        let Some(identity) = &self.identity else {
+            return;
+        };
+        if flows.is_empty() && self.synth.is_none() {
+            return;
+        }
+        let synth = self.synth.get_or_insert_with(|| {
+            crate::synth::Synth::spawn(
+                identity.overlay,
+                identity.prefix_len,
+                u16::try_from(context.mtu).unwrap_or(u16::MAX),
+                context.processors.clone(),
+                &self.synth_slot,
+            )
+        });
+        synth.set_tasks(flows);
     }
 
     pub fn generation(&self) -> u64 {
         self.generation
     }
 
+    /// What the metrics collectors read at scrape time (shared, lock-free).
+    pub fn metrics_source(&self) -> crate::metrics::Source {
+        crate::metrics::Source {
+            links: self.links.clone(),
+            node: self.counters.clone(),
+            state: self.agent.clone(),
+        }
+    }
+
     pub async fn apply_snapshot(&mut self, snapshot: pb::Snapshot) -> Result<(), ApplyError> {
         let node = snapshot.node.as_ref().ok_or(ApplyError::NoNode)?;
+        let flows = crate::synth::task::parse_all(&snapshot.flows)?;
         let context = self.ensure_started(node).await?;
         self.apply_config(
             snapshot.links,
             snapshot.routes.unwrap_or_default(),
             snapshot.generation,
             &context,
-        )
+        )?;
+        self.apply_flows(flows, &context);
+        Ok(())
     }
 
     /// Applies a change on top of the config in force. A delta built on another
@@ -132,6 +180,7 @@ impl Dataplane {
         self.links.store(Arc::new(map));
         self.routes.store(Arc::new(table));
         self.generation = generation;
+        self.agent.set_generation(generation);
         self.current_links = links;
         self.current_routes = routes;
         Ok(())
@@ -200,6 +249,7 @@ impl Dataplane {
                 routes: self.routes.clone(),
                 local,
                 counters: self.counters.clone(),
+                synth: self.synth_slot.clone(),
             },
         );
         tun_io::spawn_reader(device, processors.clone(), mtu, self.counters.clone());

@@ -9,6 +9,7 @@ pub mod frame;
 pub mod jump_hash;
 pub mod routing;
 pub mod sched;
+pub mod synth;
 
 pub mod conn;
 pub mod control;
@@ -16,6 +17,7 @@ pub mod counters;
 pub mod dataplane;
 pub mod link;
 pub mod listener;
+pub mod metrics;
 pub mod netns;
 pub mod packet;
 pub mod processor;

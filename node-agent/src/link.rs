@@ -137,6 +137,11 @@ impl LinkHandle {
         }
     }
 
+    /// Configured shaped rate of the direction this node sends, bit/s (0 = unlimited).
+    pub fn rate_bps(&self) -> u64 {
+        self.params.borrow().rate_bps
+    }
+
     /// Applies new emulation parameters without touching the connection.
     /// Checked first, so a bad change leaves the running ones in place.
     pub fn set_params(

@@ -31,6 +31,9 @@ struct Args {
     /// Worker threads of the async runtime.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// Serve Prometheus metrics on /metrics over HTTP on this Unix socket (mode 0600).
+    #[arg(long, env = "NEXTMINI_METRICS_SOCKET")]
+    metrics_socket: Option<PathBuf>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -56,6 +59,21 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone());
+        if let Some(path) = args.metrics_socket {
+            let registry = nextmini_agent::metrics::registry(
+                &args.topology,
+                &args.node,
+                dataplane.metrics_source(),
+            );
+            // Dropped with the runtime when the agent stops, which removes the socket.
+            tokio::spawn(async move {
+                if let Err(e) =
+                    nextmini_agent::metrics::serve(path, std::sync::Arc::new(registry)).await
+                {
+                    tracing::warn!(error = %e, "metrics endpoint failed; the dataplane keeps running");
+                }
+            });
+        }
         let identity = Identity {
             topology: args.topology,
             node: args.node,

@@ -45,6 +45,9 @@ pub struct Outputs {
     pub routes: Routes,
     pub local: mpsc::Sender<Bytes>,
     pub counters: Arc<NodeCounters>,
+    /// The synthetic flows' stack, once the node has flows: local packets to
+    /// its ports go there instead of to the TUN device.
+    pub synth: crate::synth::SynthSlot,
 }
 
 /// Senders to the processors; cheap to clone into each packet source.
@@ -125,7 +128,15 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
     };
     let table = out.routes.load();
     match table.lookup(&key, packet.label) {
-        Decision::Local => return out.local.send(packet.data).await.is_ok(),
+        Decision::Local => {
+            if let Some(synth) = out.synth.get()
+                && crate::synth::claims(&key)
+            {
+                synth.deliver(packet.data);
+                return true;
+            }
+            return out.local.send(packet.data).await.is_ok();
+        }
         Decision::Forward { link, label } => {
             if packet.hops >= MAX_HOPS {
                 out.counters.hop_limit.fetch_add(1, Relaxed);
@@ -190,6 +201,7 @@ mod tests {
                 routes,
                 local,
                 counters: Arc::new(NodeCounters::default()),
+                synth: Arc::default(),
             },
         );
         // Two sources interleave flows, as a TUN reader and a link would.

@@ -5,7 +5,9 @@
 pub mod api;
 pub mod crdgen;
 pub mod hub;
+pub mod import;
 pub mod localpg;
+pub mod observe;
 pub mod plan;
 pub mod runtime;
 pub mod store;

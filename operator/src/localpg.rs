@@ -54,6 +54,12 @@ impl LocalPg {
         &self.socket_dir
     }
 
+    /// Whether the data directory has been initialised (it may hold topologies
+    /// even while the server is stopped).
+    pub fn is_initialised(&self) -> bool {
+        self.data.join("PG_VERSION").exists()
+    }
+
     /// Whether our server runs: its lock file names a live (not zombie) process.
     pub fn is_running(&self) -> bool {
         self.server_pid()

@@ -1,7 +1,9 @@
-//! The `Flow` kind: traffic to generate between two nodes.
+//! The `Flow` kind: synthetic traffic between two nodes, generated inside the
+//! source node's agent by a user-space TCP/IP stack and terminated by the
+//! destination's, with workloads as discrete-event simulators offer them.
 
 use super::common::{Condition, DNS_LABEL_PATTERN};
-use crate::units::Size;
+use crate::units::{Duration, Percent, Rate, Size};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -17,15 +19,18 @@ use serde::{Deserialize, Serialize};
     derive = "PartialEq",
     shortname = "nmflow",
     category = "nextmini",
-    doc = "Traffic between two nodes of a Nextmini topology.",
+    doc = "Synthetic traffic between two nodes of a Nextmini topology.",
     printcolumn = r#"{"name": "Topology", "type": "string", "description": "Topology the flow runs in", "jsonPath": ".spec.topology"}"#,
     printcolumn = r#"{"name": "Src", "type": "string", "description": "Source node", "jsonPath": ".spec.src"}"#,
     printcolumn = r#"{"name": "Dst", "type": "string", "description": "Destination node", "jsonPath": ".spec.dst"}"#,
     printcolumn = r#"{"name": "Phase", "type": "string", "description": "Progress of the flow", "jsonPath": ".status.phase"}"#,
+    printcolumn = r#"{"name": "Done", "type": "integer", "description": "Instances completed", "jsonPath": ".status.completed"}"#,
+    printcolumn = r#"{"name": "P50 FCT", "type": "string", "description": "Median flow completion time", "jsonPath": ".status.fctP50"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "description": "Time since creation", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("self.src != self.dst").message("src and dst must be different nodes"))]
+#[x_kube(validation = Rule::new("(has(self.size) ? 1 : 0) + (has(self.sizes) ? 1 : 0) + (has(self.duration) ? 1 : 0) <= 1").message("set at most one of size, sizes, duration"))]
 pub struct FlowSpec {
     /// Name of the Topology (in the same namespace) the flow runs in.
     #[schemars(length(min = 1))]
@@ -36,21 +41,180 @@ pub struct FlowSpec {
     /// Node that receives.
     #[schemars(pattern(DNS_LABEL_PATTERN), length(min = 1, max = 63))]
     pub dst: String,
-    /// Bytes to send per flow, e.g. `100MB`; unset means send until the flow is deleted.
+    /// `tcp` (the default): smoltcp TCP connections, congestion-controlled; `udp`:
+    /// datagrams at the constant `rate`.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub protocol: FlowProtocol,
+    /// Bytes each instance sends, e.g. `1MB`. Set at most one of `size`, `sizes` and
+    /// `duration`; with none, instances send until the Flow is removed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub size: Option<Size>,
-    /// Number of parallel connections.
+    /// Sizes drawn per instance from an empirical distribution, e.g. `{builtin: webSearch}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sizes: Option<SizesSpec>,
+    /// How long each instance sends, e.g. `10s`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<Duration>,
+    /// Most each instance sends per second (payload), e.g. `10Mbit`; udp instances send
+    /// at exactly this rate, so udp needs it. Unset: as fast as TCP goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate: Option<Rate>,
+    /// How long to wait, once every agent runs the version of the topology that
+    /// defines this Flow, before the first instance starts, e.g. `2s` (default 0s).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_delay: Option<Duration>,
+    /// Instances in total (default 1). Each instance is one connection (or one udp
+    /// stream) with its own completion time.
     #[serde(default = "default_count")]
     #[schemars(range(min = 1))]
     pub count: u32,
+    /// At most this many instances at once; a finished one makes room for the next.
+    /// Default: all of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub parallelism: Option<u32>,
+    /// When instances start. Unset: all at once, or as `parallelism` allows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub arrivals: Option<ArrivalsSpec>,
+    /// Seed of the size and arrival draws: the same seed gives every instance the same
+    /// size and arrival time in every run (default 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// `normal` (the default): through the emulated links. `max` (splice, bypassing
+    /// link emulation) is not built yet and is refused.
+    #[serde(default, skip_serializing_if = "is_default")]
+    pub mode: FlowMode,
     /// Explicit node path from `src` to `dst` (both included); unset means shortest path.
+    /// The flow's packets are label-switched along it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(inner(pattern(DNS_LABEL_PATTERN), length(max = 63)))]
     pub path: Option<Vec<String>>,
+    /// Socket buffer per connection, which bounds a TCP instance's window, e.g.
+    /// `256KiB` (default 64KiB). Raise it for long, fast paths; the agents' memory
+    /// grows with it times the instances running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window: Option<Size>,
+    /// Congestion control of tcp instances: `cubic` (the default), `reno` or `none`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub congestion_control: Option<CongestionControl>,
+    /// DSCP (0-63) of the instances' packets, for link `classes` to match (default 0).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 63))]
+    pub dscp: Option<u32>,
+    /// DSCP by instance size, first match: e.g. `[{maxSize: 100KB, dscp: 46}]` marks
+    /// short flows so a priority scheduler can serve them first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dscp_by_size: Option<Vec<DscpBySizeSpec>>,
 }
 
 fn default_count() -> u32 {
     1
+}
+
+fn is_default<T: Default + PartialEq>(v: &T) -> bool {
+    *v == T::default()
+}
+
+// Transport of a flow's instances. (A plain comment, not a doc comment, so the
+// field keeps its own description in the CRD; see `Transport`.)
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowProtocol {
+    /// smoltcp TCP.
+    #[default]
+    Tcp,
+    /// UDP at a constant rate.
+    Udp,
+}
+
+// How a flow's packets travel. (A plain comment; see `FlowProtocol`.)
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowMode {
+    /// Through the processors and the emulated links.
+    #[default]
+    Normal,
+    /// Spliced past the emulation at full speed (not built yet).
+    Max,
+}
+
+// TCP congestion control. (A plain comment; see `FlowProtocol`.)
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionControl {
+    /// CUBIC, as Linux uses by default.
+    Cubic,
+    /// NewReno-style AIMD.
+    Reno,
+    /// No congestion control: the receiver's window alone limits the sender.
+    None,
+}
+
+/// An empirical size distribution; set exactly one field.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(
+    rename_all = "camelCase",
+    deny_unknown_fields,
+    expecting = "a mapping with one of builtin, csv, e.g. {builtin: webSearch}"
+)]
+#[x_kube(validation = Rule::new("(has(self.builtin) ? 1 : 0) + (has(self.csv) ? 1 : 0) == 1").message("set exactly one of builtin, csv"))]
+pub struct SizesSpec {
+    /// A distribution shipped with Nextmini: `webSearch`, DCTCP's web-search workload
+    /// (mean 1.7 MB; 53% of flows at most 80 KB, flows of 10 MB or more carry 35%
+    /// of the bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub builtin: Option<BuiltinSizes>,
+    /// Your own distribution as CSV text, one `bytes,probability` point per line,
+    /// probability = P(size <= bytes), linear in between; sizes and probabilities
+    /// must not decrease and the last probability must be 1 (or 100, in percent).
+    /// `#` comments and a header line are allowed. Paste a file with `csv: |`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub csv: Option<String>,
+}
+
+// Built-in size distributions. (A plain comment; see `FlowProtocol`.)
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum BuiltinSizes {
+    /// DCTCP's web-search flow sizes, as pFabric, Flexplane and HPCC use them.
+    WebSearch,
+}
+
+/// When a flow's instances start.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ArrivalsSpec {
+    /// Arrivals of a Poisson process (exponential gaps), set by `load` and `link` or
+    /// by `meanInterval`.
+    pub poisson: PoissonSpec,
+}
+
+/// The rate of Poisson arrivals.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PoissonSpec {
+    /// Offered load as a share of `link`'s rate, e.g. `30%`: arrivals per second =
+    /// load × rate / mean instance size (payload bytes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<Percent>,
+    /// The bottleneck link `load` refers to: on the flow's path, with a `rate` in the
+    /// direction the flow crosses it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// Mean time between arrivals, e.g. `100ms`, instead of `load` and `link`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mean_interval: Option<Duration>,
+}
+
+/// A DSCP for instances up to a size.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DscpBySizeSpec {
+    /// Instances of at most this many bytes, e.g. `100KB`.
+    pub max_size: Size,
+    /// Get this DSCP (0-63).
+    #[schemars(range(min = 0, max = 63))]
+    pub dscp: u32,
 }
 
 // How far a flow has got. (A plain comment so the `phase` field keeps its own
@@ -61,9 +225,9 @@ pub enum FlowPhase {
     Pending,
     /// Sending.
     Running,
-    /// All connections finished sending `size` bytes.
+    /// Every instance completed.
     Succeeded,
-    /// At least one connection failed.
+    /// Every instance ended and at least one failed.
     Failed,
 }
 
@@ -77,9 +241,21 @@ pub struct FlowStatus {
     /// Progress of the flow.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub phase: Option<FlowPhase>,
-    /// Connections that have finished.
+    /// Instances in total.
+    #[serde(default)]
+    pub total: u32,
+    /// Instances that sent everything they had to.
     #[serde(default)]
     pub completed: u32,
+    /// Instances that ended without sending everything.
+    #[serde(default)]
+    pub failed: u32,
+    /// Median flow completion time of the completed instances, e.g. `12.5ms`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fct_p50: Option<Duration>,
+    /// 99th percentile flow completion time of the completed instances.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fct_p99: Option<Duration>,
     /// Current conditions of the flow.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,

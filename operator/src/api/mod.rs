@@ -19,7 +19,10 @@ pub use discipline::{
     AqmSpec, ClassSpec, DrrSpec, EcnSpec, MAX_BANDS, MAX_CLASSES, MAX_QUEUES, NoSettings,
     PrioritySpec, Protocol, QueueSpec, RedSpec, SchedulerSpec, WrrSpec,
 };
-pub use flow::{Flow, FlowPhase, FlowSpec, FlowStatus};
+pub use flow::{
+    ArrivalsSpec, BuiltinSizes, CongestionControl, DscpBySizeSpec, Flow, FlowMode, FlowPhase,
+    FlowProtocol, FlowSpec, FlowStatus, PoissonSpec, SizesSpec,
+};
 pub use link::{Link, LinkSpec, LinkStatus};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
 pub use topology::{

@@ -1,8 +1,10 @@
 //! Collects counter reports from all sessions and writes them in batches, so a
 //! thousand agents reporting every 100 ms cost a few statements, not thousands.
 
+use crate::observe::HubMetrics;
 use crate::store::{CounterRow, Store};
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 const MAX_BATCH: usize = 4096;
@@ -14,9 +16,9 @@ pub struct CounterBatcher {
 }
 
 impl CounterBatcher {
-    pub fn spawn(store: Store) -> CounterBatcher {
+    pub fn spawn(store: Store, metrics: Arc<HubMetrics>) -> CounterBatcher {
         let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(run(store, rx));
+        tokio::spawn(run(store, rx, metrics));
         CounterBatcher { tx }
     }
 
@@ -29,7 +31,7 @@ impl CounterBatcher {
     }
 }
 
-async fn run(store: Store, mut rx: mpsc::Receiver<Vec<CounterRow>>) {
+async fn run(store: Store, mut rx: mpsc::Receiver<Vec<CounterRow>>, metrics: Arc<HubMetrics>) {
     let mut pending: Vec<CounterRow> = Vec::new();
     let mut tick = tokio::time::interval(FLUSH_EVERY);
     loop {
@@ -38,29 +40,31 @@ async fn run(store: Store, mut rx: mpsc::Receiver<Vec<CounterRow>>) {
                 Some(rows) => {
                     pending.extend(rows);
                     if pending.len() >= MAX_BATCH {
-                        flush(&store, &mut pending).await;
+                        flush(&store, &mut pending, &metrics).await;
                     }
                 }
                 None => {
-                    flush(&store, &mut pending).await;
+                    flush(&store, &mut pending, &metrics).await;
                     return;
                 }
             },
-            _ = tick.tick() => flush(&store, &mut pending).await,
+            _ = tick.tick() => flush(&store, &mut pending, &metrics).await,
         }
     }
 }
 
-async fn flush(store: &Store, pending: &mut Vec<CounterRow>) {
+async fn flush(store: &Store, pending: &mut Vec<CounterRow>, metrics: &HubMetrics) {
     if pending.is_empty() {
         return;
     }
+    let started = Instant::now();
     // The history first: if it fails the batch is retried whole, and the latest
     // values are written again with it (an upsert, so never twice).
     let written = match store.record_metrics(pending).await {
         Ok(()) => store.record_counters(pending).await,
         Err(e) => Err(e),
     };
+    metrics.observe_db_write(started.elapsed());
     match written {
         Ok(()) => pending.clear(),
         Err(e) => {

@@ -7,6 +7,7 @@
 //! marks agents that fall silent.
 
 mod batcher;
+mod observability;
 mod params;
 mod session;
 mod snapshot;
@@ -49,11 +50,13 @@ struct Inner {
     sessions: Mutex<HashMap<SessionKey, SessionEntry>>,
     next_session: AtomicU64,
     started: Instant,
+    metrics: Arc<crate::observe::HubMetrics>,
 }
 
 impl Hub {
     pub fn new(store: Store) -> Hub {
-        let counters = CounterBatcher::spawn(store.clone());
+        let metrics = Arc::new(crate::observe::HubMetrics::new());
+        let counters = CounterBatcher::spawn(store.clone(), metrics.clone());
         Hub {
             inner: Arc::new(Inner {
                 store,
@@ -62,6 +65,7 @@ impl Hub {
                 sessions: Mutex::new(HashMap::new()),
                 next_session: AtomicU64::new(1),
                 started: Instant::now(),
+                metrics,
             }),
         }
     }
@@ -195,7 +199,9 @@ impl Hub {
         listener.listen(TOPOLOGY_CHANNEL).await?;
         loop {
             let n = listener.recv().await?;
+            let received = Instant::now();
             self.on_change(n.payload()).await;
+            self.inner.metrics.observe_control_delta(received.elapsed());
         }
     }
 
@@ -219,14 +225,26 @@ impl Hub {
             }
         };
         let mut sessions = self.inner.sessions.lock().await;
-        for ((t, node), entry) in sessions.iter_mut() {
-            if t != topology {
-                continue;
+        let Some(new) = new else {
+            for ((t, _), entry) in sessions.iter() {
+                if t == topology {
+                    entry.send(reject(format!("topology {topology} was deleted")));
+                }
             }
-            let Some(new) = &new else {
-                entry.send(reject(format!("topology {topology} was deleted")));
+            return;
+        };
+        let affected = old.as_ref().map(|o| new.affected_nodes(o));
+        let mut order: Vec<SessionKey> = sessions
+            .keys()
+            .filter(|(t, _)| t == topology)
+            .cloned()
+            .collect();
+        order.sort_by_key(|(_, node)| !affected.as_ref().is_none_or(|a| a.contains(node)));
+        for key in order {
+            let Some(entry) = sessions.get_mut(&key) else {
                 continue;
             };
+            let node = &key.1;
             if entry.generation == new.generation {
                 continue;
             }
@@ -236,16 +254,16 @@ impl Hub {
                 )));
                 continue;
             };
-            let msg = old
-                .as_ref()
-                .filter(|o| o.generation == entry.generation)
-                .and_then(|o| o.snapshot(node))
-                .and_then(|before| delta(&before, &next))
+            let msg = entry
+                .config
+                .as_deref()
+                .and_then(|before| delta(before, &next))
                 .map(pb::controller_message::Msg::Delta)
-                .unwrap_or(pb::controller_message::Msg::Snapshot(next));
+                .unwrap_or_else(|| pb::controller_message::Msg::Snapshot(next.clone()));
             entry.report_interval_ms = new.plan.report_interval_ms;
             if entry.send(msg) {
                 entry.generation = new.generation;
+                entry.config = Some(Arc::new(next));
             }
         }
     }
@@ -367,9 +385,11 @@ impl Control for Hub {
             let snapshot = view
                 .snapshot(&hello.node)
                 .ok_or_else(|| Status::not_found(format!("no node {}", hello.node)))?;
+            let config = Arc::new(snapshot.clone());
             let mut entry = SessionEntry {
                 id,
                 tx,
+                config: Some(config),
                 generation: view.generation,
                 last_seen: last_seen.clone(),
                 topology_id,

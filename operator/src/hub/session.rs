@@ -2,7 +2,7 @@
 //! was last heard, and the task that reads its acknowledgements and reports.
 
 use super::{Hub, SessionKey};
-use crate::store::CounterRow;
+use crate::store::{CounterRow, ReceivedRow, SentRow};
 use nextmini_proto::v1 as pb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -14,6 +14,9 @@ pub(super) struct SessionEntry {
     pub tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>,
     /// Generation of the last snapshot or delta sent.
     pub generation: i64,
+    /// The config that generation gave this agent: the next delta is computed
+    /// against it, so a change costs one snapshot per agent, not two.
+    pub config: Option<Arc<pb::Snapshot>>,
     /// Milliseconds since the hub started at which the agent last spoke.
     pub last_seen: Arc<AtomicU64>,
     pub topology_id: i64,
@@ -66,6 +69,9 @@ pub(super) async fn run(
                     tracing::warn!(%topology, %node, generation = ack.generation, error = %ack.error, "agent rejected config");
                     continue;
                 }
+                // Read before and after: the ack that completes a generation is
+                // the one that makes its flows ready.
+                let ready_before = hub.inner.store.ready_generation(topology_id).await;
                 if let Err(e) = hub
                     .inner
                     .store
@@ -74,6 +80,7 @@ pub(super) async fn run(
                 {
                     tracing::warn!(error = %e, "storing ack failed");
                 }
+                announce_ready(&hub, id, &key, topology_id, ready_before.ok().flatten()).await;
             }
             Some(pb::agent_message::Msg::Report(report)) => {
                 // A report replayed after a reconnect carries an old sequence.
@@ -81,6 +88,7 @@ pub(super) async fn run(
                     continue;
                 }
                 last_sequence = report.sequence;
+                hub.inner.metrics.report_received();
                 let at = chrono::DateTime::from_timestamp_millis(report.unix_ms as i64)
                     .unwrap_or_else(chrono::Utc::now);
                 let rows = report
@@ -89,6 +97,13 @@ pub(super) async fn run(
                     .map(|l| counter_row(topology_id, node, at, l))
                     .collect();
                 hub.inner.counters.push(rows).await;
+            }
+            Some(pb::agent_message::Msg::FlowReport(report)) => {
+                if !store_flow_report(&hub, id, &key, topology_id, report).await {
+                    // The agent keeps what was not confirmed and sends it again
+                    // on its next session.
+                    break;
+                }
             }
             Some(pb::agent_message::Msg::Hello(_)) => {
                 tracing::warn!(%topology, %node, "second Hello on one stream ignored");
@@ -137,4 +152,116 @@ fn counter_row(
         rtt_us: l.rtt_us,
         at,
     }
+}
+
+/// Tells agents which generation every agent of the topology runs, so flows
+/// defined by it can start: all of them when this ack completed a generation,
+/// otherwise just this agent (it may have restarted and forgotten).
+async fn announce_ready(
+    hub: &Hub,
+    id: u64,
+    key: &SessionKey,
+    topology_id: i64,
+    before: Option<i64>,
+) {
+    let after = match hub.inner.store.ready_generation(topology_id).await {
+        Ok(Some(g)) if g > 0 => g,
+        Ok(_) => return,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the ready generation failed");
+            return;
+        }
+    };
+    let ready = || {
+        pb::controller_message::Msg::FlowsReady(pb::FlowsReady {
+            generation: after as u64,
+        })
+    };
+    let sessions = hub.inner.sessions.lock().await;
+    if before.is_none_or(|b| b < after) {
+        tracing::info!(topology = %key.0, generation = after, "every agent runs the generation");
+        for ((topology, _), entry) in sessions.iter() {
+            if *topology == key.0 {
+                entry.send(ready());
+            }
+        }
+    } else if let Some(entry) = sessions.get(key).filter(|e| e.id == id) {
+        entry.send(ready());
+    }
+}
+
+/// Stores an agent's flow results and confirms them; false when they could not
+/// be stored.
+async fn store_flow_report(
+    hub: &Hub,
+    id: u64,
+    key: &SessionKey,
+    topology_id: i64,
+    report: pb::FlowReport,
+) -> bool {
+    let (sent, received) = flow_rows(report.results);
+    let store = &hub.inner.store;
+    let stored = match store.record_flow_sent(topology_id, &sent).await {
+        Ok(_) => store.record_flow_received(topology_id, &received).await,
+        Err(e) => Err(e),
+    };
+    if let Err(e) = stored {
+        tracing::warn!(topology = %key.0, node = %key.1, error = %e, "storing flow results failed");
+        return false;
+    }
+    let sessions = hub.inner.sessions.lock().await;
+    if let Some(entry) = sessions.get(key).filter(|e| e.id == id) {
+        entry.send(pb::controller_message::Msg::ResultsStored(
+            pb::ResultsStored {
+                sequence: report.sequence,
+            },
+        ));
+    }
+    true
+}
+
+/// Splits reported results into the sources' and the sinks' rows.
+fn flow_rows(results: Vec<pb::FlowResult>) -> (Vec<SentRow>, Vec<ReceivedRow>) {
+    let time = |us: u64| {
+        chrono::DateTime::from_timestamp_micros(i64::try_from(us).unwrap_or(i64::MAX))
+            .unwrap_or_default()
+    };
+    let mut sent = Vec::new();
+    let mut received = Vec::new();
+    for r in results {
+        let instance = i32::try_from(r.instance).unwrap_or(i32::MAX);
+        let generation = i64::try_from(r.defined_generation).unwrap_or(i64::MAX);
+        if r.from_sink {
+            received.push(ReceivedRow {
+                flow: r.flow,
+                defined_generation: generation,
+                instance,
+                started_at: time(r.started_unix_us),
+                received_bytes: i64::try_from(r.received_bytes).unwrap_or(i64::MAX),
+            });
+            continue;
+        }
+        let finished = r.finished_unix_us > 0;
+        let fct_us = finished.then_some(r.fct_us);
+        sent.push(SentRow {
+            flow: r.flow,
+            defined_generation: generation,
+            instance,
+            protocol: match pb::FlowProtocol::try_from(r.protocol) {
+                Ok(pb::FlowProtocol::Udp) => "udp".into(),
+                _ => "tcp".into(),
+            },
+            size_bytes: (r.size_bytes > 0).then(|| i64::try_from(r.size_bytes).unwrap_or(i64::MAX)),
+            bytes: i64::try_from(r.bytes).unwrap_or(i64::MAX),
+            started_at: time(r.started_unix_us),
+            finished_at: finished.then(|| time(r.finished_unix_us)),
+            fct_us: fct_us.map(|f| i64::try_from(f).unwrap_or(i64::MAX)),
+            throughput_bps: fct_us
+                .filter(|f| *f > 0)
+                .map(|f| r.bytes as f64 * 8.0 / (f as f64 / 1e6)),
+            retransmissions: i64::try_from(r.retransmissions).unwrap_or(i64::MAX),
+            error: (!r.error.is_empty()).then_some(r.error),
+        });
+    }
+    (sent, received)
 }

@@ -1,6 +1,6 @@
 //! Builds an agent's snapshot from the plan: pure, so it is tested without a hub.
 
-use crate::plan::{LINK_PORT, Mapping, NextHop, Plan, Transport};
+use crate::plan::{FlowAmount, FlowProtocol, LINK_PORT, Mapping, NextHop, Plan, Transport};
 use crate::store::{RouteRow, RouteRuleRow};
 use nextmini_proto::v1 as pb;
 use std::collections::{BTreeMap, HashMap};
@@ -64,6 +64,39 @@ impl TopologyView {
         rules.sort_by(|a, b| specificity(b).cmp(&specificity(a)).then(a.id.cmp(&b.id)));
         self.rules = rules;
         self
+    }
+
+    /// Nodes whose config may differ between `old` and this view: on an explicit
+    /// route or a rule's source in either, or an end of a link that was added,
+    /// removed or changed. They are sent their change first, so a route change
+    /// reaches the packet path before hundreds of unaffected agents are served.
+    pub fn affected_nodes(&self, old: &TopologyView) -> std::collections::HashSet<String> {
+        let mut nodes = std::collections::HashSet::new();
+        for view in [self, old] {
+            for (path, _) in view.routes.values() {
+                nodes.extend(path.iter().cloned());
+            }
+            nodes.extend(view.rules.iter().map(|r| r.src.clone()));
+        }
+        let before: HashMap<&str, &crate::plan::PlannedLink> = old
+            .plan
+            .links
+            .iter()
+            .map(|l| (l.name.as_str(), l))
+            .collect();
+        let after: HashMap<&str, &crate::plan::PlannedLink> = self
+            .plan
+            .links
+            .iter()
+            .map(|l| (l.name.as_str(), l))
+            .collect();
+        for (name, link) in before.iter().chain(after.iter()) {
+            if before.get(name) != after.get(name) {
+                nodes.insert(link.dialer.clone());
+                nodes.insert(link.acceptor.clone());
+            }
+        }
+        nodes
     }
 
     /// This node's label routes and flow rules.
@@ -218,14 +251,87 @@ impl TopologyView {
                 flow_rules,
             }),
             report_interval_ms: plan.report_interval_ms,
+            flows: self.flow_tasks(node),
         })
+    }
+
+    /// The synthetic flows `node` is the source or the sink of.
+    fn flow_tasks(&self, node: &str) -> Vec<pb::FlowTask> {
+        self.plan
+            .flows
+            .iter()
+            .filter_map(|f| {
+                let (role, peer) = if f.src == node {
+                    (pb::FlowRole::Source, &f.dst)
+                } else if f.dst == node {
+                    (pb::FlowRole::Sink, &f.src)
+                } else {
+                    return None;
+                };
+                let peer = self.plan.node(peer)?;
+                let p = &f.params;
+                let (size_bytes, size_cdf, duration_us) = match &p.amount {
+                    FlowAmount::Bytes(b) => (*b, Vec::new(), 0),
+                    FlowAmount::Cdf(points) => (
+                        0,
+                        points
+                            .iter()
+                            .map(|&(bytes, probability)| pb::CdfPoint { bytes, probability })
+                            .collect(),
+                        0,
+                    ),
+                    FlowAmount::DurationUs(us) => (0, Vec::new(), *us),
+                    FlowAmount::Unbounded => (0, Vec::new(), 0),
+                };
+                Some(pb::FlowTask {
+                    name: f.name.clone(),
+                    defined_generation: u64::try_from(f.defined_generation).unwrap_or(0),
+                    role: role as i32,
+                    peer_addr: peer.overlay.to_string(),
+                    protocol: match p.protocol {
+                        FlowProtocol::Tcp => pb::FlowProtocol::Tcp as i32,
+                        FlowProtocol::Udp => pb::FlowProtocol::Udp as i32,
+                    },
+                    count: p.count,
+                    parallelism: p.parallelism,
+                    size_bytes,
+                    size_cdf,
+                    duration_us,
+                    rate_bps: p.rate_bps.unwrap_or(0),
+                    start_delay_us: p.start_delay_us,
+                    mean_interarrival_us: p.mean_interarrival_us.unwrap_or(0),
+                    seed: p.seed,
+                    // A route that no longer follows the links was left out of the
+                    // view: the flow then takes the shortest path.
+                    route_id: f
+                        .route_id
+                        .filter(|id| self.routes.contains_key(id))
+                        .unwrap_or(0),
+                    window_bytes: p.window_bytes,
+                    dscp: u32::from(p.dscp),
+                    dscp_by_size: p
+                        .dscp_by_size
+                        .iter()
+                        .map(|&(max_bytes, dscp)| pb::DscpBySize {
+                            max_bytes,
+                            dscp: u32::from(dscp),
+                        })
+                        .collect(),
+                    congestion_control: p.congestion_control.as_str().to_owned(),
+                })
+            })
+            .collect()
     }
 }
 
 /// What turns `old` into `new` for one agent, or `None` when only a full
 /// snapshot will do (the node's own config changed).
 pub fn delta(old: &pb::Snapshot, new: &pb::Snapshot) -> Option<pb::Delta> {
-    if old.node != new.node || old.report_interval_ms != new.report_interval_ms {
+    // Deltas carry no flows: a change of flows goes as a full snapshot.
+    if old.node != new.node
+        || old.report_interval_ms != new.report_interval_ms
+        || old.flows != new.flows
+    {
         return None;
     }
     let before: HashMap<&str, &pb::LinkConfig> =

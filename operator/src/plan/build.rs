@@ -2,9 +2,9 @@
 //! the fallbacks below are never taken; they exist so no user input can panic here.
 
 use super::address;
-use super::assemble::{Draft, name_of};
+use super::assemble::Draft;
 use super::model::{
-    Dataplane, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode, Resources,
+    Dataplane, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources,
     Transport,
 };
 use super::params::resolve;
@@ -98,22 +98,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         .collect();
     links.sort_by(|a, b| a.name.cmp(&b.name));
 
-    let mut flows: Vec<PlannedFlow> = draft
-        .flows
-        .iter()
-        .map(|doc| {
-            let f = &doc.object.spec;
-            PlannedFlow {
-                name: name_of(&doc.object).to_owned(),
-                src: f.src.clone(),
-                dst: f.dst.clone(),
-                size_bytes: f.size.and_then(Size::bytes),
-                count: f.count,
-                path: f.path.clone(),
-            }
-        })
-        .collect();
-    flows.sort_by(|a, b| a.name.cmp(&b.name));
+    let flows = super::flows::build(draft, &links);
 
     Plan {
         topology: draft.name.to_owned(),

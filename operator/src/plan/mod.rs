@@ -5,6 +5,7 @@ mod address;
 mod assemble;
 mod build;
 mod errors;
+mod flows;
 mod generate;
 pub mod model;
 mod params;
@@ -14,11 +15,14 @@ mod routes;
 mod validate;
 
 #[cfg(test)]
+mod flows_tests;
+#[cfg(test)]
 mod params_tests;
 #[cfg(test)]
 mod tests;
 
 pub use errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};
+pub use flows::{WEB_SEARCH_CSV, cdf_mean, parse_csv};
 pub use model::*;
 pub use parse::{Doc, Manifest, parse_manifest};
 pub use routes::{next_hops, path_links};

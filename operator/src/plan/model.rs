@@ -207,15 +207,143 @@ mod micros {
     }
 }
 
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct PlannedFlow {
     pub name: String,
     pub src: String,
     pub dst: String,
-    pub size_bytes: Option<u64>,
-    pub count: u32,
     /// Explicit node path (src .. dst) when the user gave one.
     pub path: Option<Vec<String>>,
+    /// What the source generates.
+    pub params: FlowParams,
+    /// Set by the store: the generation in which the flow got this definition
+    /// (0 in a plan fresh from a manifest). Flows start once every agent runs it.
+    pub defined_generation: i64,
+    /// Set by the store: the route row carrying `path` (its id is the packets' label).
+    pub route_id: Option<u32>,
+}
+
+impl PlannedFlow {
+    /// Whether `other` defines the same traffic (store-assigned fields aside), so
+    /// a re-applied manifest leaves a running flow alone.
+    pub fn same_definition(&self, other: &PlannedFlow) -> bool {
+        self.name == other.name
+            && self.src == other.src
+            && self.dst == other.dst
+            && self.path == other.path
+            && self.params == other.params
+    }
+}
+
+/// What a flow's source generates, after validation: everything an agent needs,
+/// with Poisson loads already turned into a mean gap. The store keeps it as JSON
+/// (keys as in the agent protocol, durations in whole microseconds).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FlowParams {
+    pub protocol: FlowProtocol,
+    pub amount: FlowAmount,
+    /// Per-instance cap (udp: the rate), payload bit/s.
+    pub rate_bps: Option<u64>,
+    pub start_delay_us: u64,
+    pub count: u32,
+    /// 0: all instances at once.
+    pub parallelism: u32,
+    /// Poisson arrivals with this mean gap; `None`: as parallelism allows.
+    pub mean_interarrival_us: Option<u64>,
+    pub seed: u64,
+    pub window_bytes: u32,
+    pub congestion_control: CongestionControl,
+    pub dscp: u8,
+    /// (largest size in bytes, DSCP), first match wins.
+    pub dscp_by_size: Vec<(u64, u8)>,
+}
+
+/// Default socket buffer of a synthetic connection.
+pub const DEFAULT_WINDOW: u32 = 64 * 1024;
+
+impl Default for FlowParams {
+    fn default() -> Self {
+        FlowParams {
+            protocol: FlowProtocol::Tcp,
+            amount: FlowAmount::Unbounded,
+            rate_bps: None,
+            start_delay_us: 0,
+            count: 1,
+            parallelism: 0,
+            mean_interarrival_us: None,
+            seed: 1,
+            window_bytes: DEFAULT_WINDOW,
+            congestion_control: CongestionControl::Cubic,
+            dscp: 0,
+            dscp_by_size: Vec::new(),
+        }
+    }
+}
+
+impl FlowParams {
+    /// The fixed size of every instance, when there is one.
+    pub fn size_bytes(&self) -> Option<u64> {
+        match self.amount {
+            FlowAmount::Bytes(b) => Some(b),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FlowProtocol {
+    #[default]
+    Tcp,
+    Udp,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CongestionControl {
+    #[default]
+    Cubic,
+    Reno,
+    None,
+}
+
+impl CongestionControl {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CongestionControl::Cubic => "cubic",
+            CongestionControl::Reno => "reno",
+            CongestionControl::None => "none",
+        }
+    }
+}
+
+/// What each instance sends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase", deny_unknown_fields)]
+pub enum FlowAmount {
+    /// Until the flow is removed.
+    #[default]
+    Unbounded,
+    Bytes(u64),
+    /// Sizes drawn from these (bytes, P(size <= bytes)) points, linear in between.
+    Cdf(Vec<(u64, f64)>),
+    /// Sends for this many microseconds.
+    DurationUs(u64),
+}
+
+/// Nodes to stop and nodes to start to go from one plan to another; every
+/// other node keeps running.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeChanges {
+    pub removed: Vec<String>,
+    pub added: Vec<String>,
+}
+
+impl NodeChanges {
+    pub fn is_empty(&self) -> bool {
+        self.removed.is_empty() && self.added.is_empty()
+    }
 }
 
 /// One entry of a node's destination routing table.
@@ -236,16 +364,33 @@ impl Plan {
         self.links.iter().find(|l| l.name == name)
     }
 
-    /// Whether `other` runs on the same nodes with the same dataplane, so that
-    /// going from one to the other only changes links and flows and needs no
-    /// node to be restarted.
-    pub fn same_nodes(&self, other: &Plan) -> bool {
-        self.topology == other.topology
-            && self.overlay == other.overlay
-            && self.underlay == other.underlay
-            && self.placement == other.placement
-            && self.dataplane == other.dataplane
-            && self.nodes == other.nodes
+    /// How the nodes change from `self` (running) to `new`, or `None` when the
+    /// topology-wide settings differ and every node must be recreated. A node
+    /// whose addresses or resources change counts as removed and added.
+    pub fn node_changes(&self, new: &Plan) -> Option<NodeChanges> {
+        let same_settings = self.topology == new.topology
+            && self.overlay == new.overlay
+            && self.underlay == new.underlay
+            && self.placement == new.placement
+            && self.dataplane == new.dataplane;
+        if !same_settings {
+            return None;
+        }
+        let kept = |n: &PlannedNode, other: &Plan| other.node(&n.name).is_some_and(|o| o == n);
+        Some(NodeChanges {
+            removed: self
+                .nodes
+                .iter()
+                .filter(|n| !kept(n, new))
+                .map(|n| n.name.clone())
+                .collect(),
+            added: new
+                .nodes
+                .iter()
+                .filter(|n| !kept(n, self))
+                .map(|n| n.name.clone())
+                .collect(),
+        })
     }
 
     /// Links that touch `node`, with the peer on the other end.
@@ -297,5 +442,41 @@ mod tests {
         let mut wider = base.clone();
         wider.dataplane.processors = 4;
         assert!(!base.same_nodes(&wider));
+        assert_eq!(
+            base.node_changes(&wider),
+            None,
+            "dataplane changes recreate every node"
+        );
+    }
+
+    #[test]
+    fn node_changes_name_what_to_start_and_stop() {
+        let base = line3();
+        assert!(base.node_changes(&base).expect("same settings").is_empty());
+        let mut grown = base.clone();
+        let mut d = grown.nodes[2].clone();
+        d.name = "d".into();
+        d.index = 3;
+        d.overlay = std::net::Ipv4Addr::new(198, 18, 0, 4);
+        grown.nodes.push(d);
+        grown.nodes[0].resources.cpu_millis = Some(200);
+        let changes = base.node_changes(&grown).expect("same settings");
+        assert_eq!(changes.added, ["a", "d"]);
+        assert_eq!(
+            changes.removed,
+            ["a"],
+            "a's limits changed: it is recreated"
+        );
+        let shrunk = Plan {
+            nodes: base.nodes[..2].to_vec(),
+            ..base.clone()
+        };
+        assert_eq!(
+            base.node_changes(&shrunk).expect("same settings"),
+            NodeChanges {
+                removed: vec!["c".into()],
+                added: vec![]
+            }
+        );
     }
 }

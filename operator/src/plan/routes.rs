@@ -90,6 +90,25 @@ impl<'a> Graph<'a> {
         component
     }
 
+    /// The nodes of the shortest path from `from` to `to` (both included), the
+    /// one destination routing takes: at each node the lowest link name wins.
+    pub fn shortest_path(&self, from: usize, to: usize) -> Option<Vec<usize>> {
+        let dist = self.distances(to);
+        if dist.get(from).is_none_or(|d| *d == UNREACHED) {
+            return None;
+        }
+        let mut path = vec![from];
+        let mut at = from;
+        while at != to {
+            at = self.adjacency[at]
+                .iter()
+                .find(|(v, _)| dist[*v] + 1 == dist[at])
+                .map(|(v, _)| *v)?;
+            path.push(at);
+        }
+        Some(path)
+    }
+
     /// The link joining `a` and `b` directly, if any.
     pub fn link_between(&self, a: usize, b: usize) -> Option<&'a str> {
         self.adjacency

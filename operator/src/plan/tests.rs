@@ -343,9 +343,14 @@ fn line3_addresses_dialers_and_params() {
             name: "bulk".into(),
             src: "a".into(),
             dst: "c".into(),
-            size_bytes: Some(100_000_000),
-            count: 4,
             path: None,
+            params: FlowParams {
+                amount: FlowAmount::Bytes(100_000_000),
+                count: 4,
+                ..FlowParams::default()
+            },
+            defined_generation: 0,
+            route_id: None,
         }]
     );
 }

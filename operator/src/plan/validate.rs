@@ -2,11 +2,11 @@
 //! same list so the user sees all problems at once.
 
 use super::address;
-use super::assemble::{Draft, DraftLink, name_of};
+use super::assemble::{Draft, DraftLink};
 use super::errors::ValidationErrors;
 use super::params_check;
 use super::routes::Graph;
-use crate::api::{DNS_LABEL_MAX, FlowSpec};
+use crate::api::DNS_LABEL_MAX;
 use crate::units::Size;
 use std::collections::{HashMap, HashSet};
 
@@ -19,7 +19,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     let nodes = nodes(draft, errors);
     params_check::check(draft, errors);
     let graph = links(draft, &nodes, errors);
-    flows(draft, &graph, errors);
+    super::flows::check(draft, &graph, errors);
 }
 
 fn dataplane(draft: &Draft, errors: &mut ValidationErrors) {
@@ -211,131 +211,4 @@ fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors)
         }
     }
     Graph::new(nodes.iter().copied(), good)
-}
-
-fn flows(draft: &Draft, graph: &Graph, errors: &mut ValidationErrors) {
-    let components = graph.components();
-    let mut names: HashMap<&str, &str> = HashMap::new();
-    for doc in &draft.flows {
-        let origin = doc.origin.as_str();
-        let name = name_of(&doc.object);
-        if let Some(first) = names.insert(name, origin) {
-            errors.push(
-                origin,
-                "metadata.name",
-                format!("duplicate Flow {name:?} (also {first})"),
-            );
-        }
-        let spec = &doc.object.spec;
-        if spec.count == 0 {
-            errors.push(origin, "spec.count", "must be at least 1");
-        }
-        if let Some(Size::Packets(_)) = spec.size {
-            errors.push(origin, "spec.size", "must be in bytes, e.g. 100MB");
-        }
-        let unknown = |field: &str, node: &str, errors: &mut ValidationErrors| {
-            errors.push(
-                origin,
-                field,
-                format!("no node {node:?} in topology {:?}", draft.name),
-            );
-        };
-        let src = graph.index_of(&spec.src);
-        let dst = graph.index_of(&spec.dst);
-        if src.is_none() {
-            unknown("spec.src", &spec.src, errors);
-        }
-        if dst.is_none() {
-            unknown("spec.dst", &spec.dst, errors);
-        }
-        if spec.src == spec.dst {
-            errors.push(
-                origin,
-                "spec.dst",
-                format!("src and dst are the same node {:?}", spec.dst),
-            );
-            continue;
-        }
-        match &spec.path {
-            Some(path) => check_path(draft, graph, origin, spec, path, errors),
-            None => {
-                if let (Some(s), Some(d)) = (src, dst)
-                    && components[s] != components[d]
-                {
-                    errors.push(
-                        origin,
-                        "spec.dst",
-                        format!(
-                            "{:?} cannot be reached from {:?}: no links connect them",
-                            spec.dst, spec.src
-                        ),
-                    );
-                }
-            }
-        }
-    }
-}
-
-fn check_path(
-    draft: &Draft,
-    graph: &Graph,
-    origin: &str,
-    spec: &FlowSpec,
-    path: &[String],
-    errors: &mut ValidationErrors,
-) {
-    let (Some(first), Some(last)) = (path.first(), path.last()) else {
-        errors.push(
-            origin,
-            "spec.path",
-            "must list the nodes from src to dst, both included",
-        );
-        return;
-    };
-    if *first != spec.src {
-        errors.push(
-            origin,
-            "spec.path[0]",
-            format!("the path must start at src {:?}, not {first:?}", spec.src),
-        );
-    }
-    if *last != spec.dst {
-        let i = path.len() - 1;
-        errors.push(
-            origin,
-            format!("spec.path[{i}]"),
-            format!("the path must end at dst {:?}, not {last:?}", spec.dst),
-        );
-    }
-    let mut visited = HashSet::new();
-    let mut previous: Option<(usize, &str)> = None;
-    for (i, node) in path.iter().enumerate() {
-        let field = format!("spec.path[{i}]");
-        let Some(index) = graph.index_of(node) else {
-            errors.push(
-                origin,
-                field,
-                format!("no node {node:?} in topology {:?}", draft.name),
-            );
-            previous = None;
-            continue;
-        };
-        if !visited.insert(index) {
-            errors.push(
-                origin,
-                &field,
-                format!("node {node:?} appears twice: the path has a cycle"),
-            );
-        }
-        if let Some((prev, prev_name)) = previous
-            && graph.link_between(prev, index).is_none()
-        {
-            errors.push(
-                origin,
-                &field,
-                format!("no link between {prev_name:?} and {node:?}"),
-            );
-        }
-        previous = Some((index, node));
-    }
 }

@@ -29,9 +29,10 @@ impl NetnsRuntime {
     /// Whether every namespace of the topology exists with its agent running:
     /// only then can a change be applied in place.
     pub fn is_running(&self, plan: &Plan) -> bool {
-        let prefix = names::netns_prefix(&plan.topology);
-        let nodes = plan.nodes.len();
-        netlink::list_netns(&prefix).len() == nodes && process::find_agents(&prefix).len() == nodes
+        plan.nodes.iter().all(|n| {
+            let ns = names::netns(&plan.topology, &n.name);
+            netlink::netns_path(&ns).exists() && !process::find_agents_in(&ns).is_empty()
+        })
     }
 
     fn credential_dir(&self, topology: &str) -> PathBuf {
@@ -99,6 +100,11 @@ impl NetnsRuntime {
             node: &node.name,
             credential_file: &cred_file,
             log_file: &log_file,
+            metrics_socket: Some(&crate::observe::sockets::agent_socket(
+                &self.state_dir,
+                topology,
+                &node.name,
+            )),
         })?;
         if limited {
             cgroup::join(&group, pid)?;
@@ -147,10 +153,45 @@ impl Runtime for NetnsRuntime {
                 leftovers.join(", ")
             )));
         }
+        let all: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
+        self.add_nodes(plan, &all, credentials, progress).await
+    }
+
+    async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError> {
+        let ns_prefix = names::netns_prefix(topology);
+        let link_prefix = names::link_prefix(topology);
+        let removed = sweep(
+            process::find_agents(&ns_prefix),
+            |ns| ns.starts_with(&ns_prefix),
+            |link| link.starts_with(&link_prefix) && names::is_ours_link(link),
+        )
+        .await?;
+        let _ = std::fs::remove_dir_all(self.credential_dir(topology));
+        Ok(removed)
+    }
+}
+
+impl NetnsRuntime {
+    /// Creates the named nodes of the plan (the topology's bridge too, if it is
+    /// missing) and starts their agents; every node's /etc/hosts is rewritten, so
+    /// nodes that were running already resolve the new names.
+    pub async fn add_nodes(
+        &self,
+        plan: &Plan,
+        nodes: &[String],
+        credentials: &BTreeMap<String, String>,
+        progress: Progress<'_>,
+    ) -> Result<BTreeMap<String, u32>, RuntimeError> {
+        let topology = &plan.topology;
         let host = connect_here()?;
         let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
         let hosts = hosts_file(plan);
-        let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(&plan.nodes)
+        let wanted: Vec<&PlannedNode> = plan
+            .nodes
+            .iter()
+            .filter(|n| nodes.contains(&n.name))
+            .collect();
+        let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
             .map(|node| {
                 let hosts = &hosts;
                 async move {
@@ -173,24 +214,43 @@ impl Runtime for NetnsRuntime {
             .buffer_unordered(PARALLEL_NODES)
             .collect()
             .await;
-        results.into_iter().collect()
+        let created = results.into_iter().collect::<Result<BTreeMap<_, _>, _>>()?;
+        self.write_hosts(plan);
+        Ok(created)
     }
 
-    async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError> {
-        let ns_prefix = names::netns_prefix(topology);
-        let link_prefix = names::link_prefix(topology);
-        let removed = sweep(
-            process::find_agents(&ns_prefix),
-            |ns| ns.starts_with(&ns_prefix),
-            |link| link.starts_with(&link_prefix) && names::is_ours_link(link),
-        )
-        .await?;
-        let _ = std::fs::remove_dir_all(self.credential_dir(topology));
+    /// Rewrites /etc/hosts of every running node of the plan.
+    pub fn write_hosts(&self, plan: &Plan) {
+        let hosts = hosts_file(plan);
+        for node in &plan.nodes {
+            let dir = PathBuf::from(ETC_NETNS).join(names::netns(&plan.topology, &node.name));
+            if dir.is_dir()
+                && let Err(e) = std::fs::write(dir.join("hosts"), &hosts)
+            {
+                tracing::warn!(node = %node.name, error = %e, "updating /etc/hosts failed");
+            }
+        }
+    }
+
+    /// Stops and removes the named nodes of a topology (their agents, namespaces,
+    /// veths, /etc/netns files, cgroups and credentials); the rest keep running.
+    pub async fn remove_nodes(
+        &self,
+        topology: &str,
+        nodes: &[String],
+    ) -> Result<Removed, RuntimeError> {
+        let namespaces: Vec<String> = nodes.iter().map(|n| names::netns(topology, n)).collect();
+        let pids = namespaces
+            .iter()
+            .flat_map(|ns| process::find_agents_in(ns))
+            .collect();
+        let removed = sweep(pids, |ns| namespaces.iter().any(|n| n == ns), |_| false).await?;
+        for node in nodes {
+            let _ = std::fs::remove_file(self.credential_dir(topology).join(node));
+        }
         Ok(removed)
     }
-}
 
-impl NetnsRuntime {
     /// Removes everything any run of this runtime made on this machine, whether
     /// or not the store still knows the topology (e.g. after its data was wiped).
     pub async fn destroy_everything(&self) -> Result<Removed, RuntimeError> {

@@ -19,6 +19,8 @@ pub struct AgentLaunch<'a> {
     pub node: &'a str,
     pub credential_file: &'a Path,
     pub log_file: &'a Path,
+    /// Where the agent serves /metrics (a Unix socket the hub scrapes).
+    pub metrics_socket: Option<&'a Path>,
 }
 
 pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
@@ -27,7 +29,11 @@ pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
     let log_err = log
         .try_clone()
         .map_err(|e| RuntimeError::io("log file", e))?;
-    let child = Command::new(launch.binary)
+    let mut command = Command::new(launch.binary);
+    if let Some(socket) = launch.metrics_socket {
+        command.arg("--metrics-socket").arg(socket);
+    }
+    let child = command
         .arg("--netns")
         .arg(launch.netns)
         .arg("--hub")
@@ -119,4 +125,19 @@ pub fn is_running(pid: u32) -> bool {
     stat.rsplit_once(')')
         .and_then(|(_, rest)| rest.trim_start().chars().next())
         .is_some_and(|state| state != 'Z' && state != 'X')
+}
+
+/// Pids of the agents running in exactly the namespace `netns`.
+pub fn find_agents_in(netns: &str) -> Vec<u32> {
+    find_agents(netns)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|raw| {
+                raw.split(|b| *b == 0)
+                    .collect::<Vec<_>>()
+                    .windows(2)
+                    .any(|w| w[0] == b"--netns" && w[1] == netns.as_bytes())
+            })
+        })
+        .collect()
 }

@@ -4,6 +4,7 @@
 //! formatting user input into SQL.
 
 mod counters;
+mod flows;
 pub mod identity;
 mod metrics;
 mod plan_rows;
@@ -11,6 +12,7 @@ mod routes;
 mod status;
 
 pub use counters::CounterRow;
+pub use flows::{FlowResultRow, FlowRow, ReceivedRow, SentRow, flow_status, route_name};
 pub use identity::LinkIdentity;
 pub use routes::{RouteRow, RouteRuleRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
@@ -98,17 +100,24 @@ impl Store {
         identity::load(&self.pool, topology).await
     }
 
-    /// Changes a running topology whose nodes stay the same: links and flows are
-    /// replaced in one transaction, nodes (and their agents' state) are kept, and
-    /// the generation moves on, so agents are sent the new config. Returns it.
-    pub async fn apply_links_in_place(&self, plan: &Plan, source: &str) -> Result<i64> {
+    /// Changes a running topology node by node in one transaction: `removed`
+    /// node rows go, nodes with an entry in `added_credentials` (SHA-256 of their
+    /// new credential) come, links and flows are replaced, the rest is kept.
+    pub async fn apply_node_changes(
+        &self,
+        plan: &Plan,
+        source: &str,
+        removed: &[String],
+        added_credentials: &BTreeMap<String, String>,
+    ) -> Result<i64> {
         let mut tx = self.pool.begin().await?;
         let runtime: String = sqlx::query_scalar("SELECT runtime FROM topologies WHERE name = $1")
             .bind(&plan.topology)
             .fetch_one(&mut *tx)
             .await?;
         let (id, generation) = plan_rows::upsert_topology(&mut tx, plan, &runtime, source).await?;
-        plan_rows::replace_links_and_flows(&mut tx, id, plan).await?;
+        plan_rows::change_nodes_links_and_flows(&mut tx, id, plan, removed, added_credentials)
+            .await?;
         tx.commit().await?;
         Ok(generation)
     }
@@ -211,6 +220,40 @@ impl Store {
     /// Drops metrics older than the configured retention; returns how many.
     pub async fn trim_metrics(&self) -> Result<u64> {
         metrics::trim(&self.pool).await
+    }
+
+    /// Stores what flow sources reported; returns the rows written.
+    pub async fn record_flow_sent(&self, topology_id: i64, rows: &[SentRow]) -> Result<u64> {
+        flows::record_sent(&self.pool, topology_id, rows).await
+    }
+
+    /// Stores what flow sinks counted (udp); returns the rows written.
+    pub async fn record_flow_received(
+        &self,
+        topology_id: i64,
+        rows: &[ReceivedRow],
+    ) -> Result<u64> {
+        flows::record_received(&self.pool, topology_id, rows).await
+    }
+
+    /// The lowest generation every node of the topology has acknowledged: flows
+    /// defined in it or before may start.
+    pub async fn ready_generation(&self, topology_id: i64) -> Result<Option<i64>> {
+        flows::ready_generation(&self.pool, topology_id).await
+    }
+
+    /// Stored flow results, optionally of one topology and one flow.
+    pub async fn flow_results(
+        &self,
+        topology: Option<&str>,
+        flow: Option<&str>,
+    ) -> Result<Vec<FlowResultRow>> {
+        flows::results(&self.pool, topology, flow).await
+    }
+
+    /// The flows defined now, optionally of one topology.
+    pub async fn flows(&self, topology: Option<&str>) -> Result<Vec<FlowRow>> {
+        flows::flows(&self.pool, topology).await
     }
 
     /// The topology's explicit routes and route rules.

@@ -4,8 +4,7 @@
 
 use super::{Result, StoreError};
 use crate::plan::{
-    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedFlow, PlannedLink, PlannedNode,
-    Resources, Transport,
+    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources, Transport,
 };
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::BTreeMap;
@@ -47,7 +46,6 @@ pub(super) async fn replace_children(
     credential_sha256: &BTreeMap<String, String>,
 ) -> Result<()> {
     for sql in [
-        "DELETE FROM flows WHERE topology_id = $1",
         "DELETE FROM links WHERE topology_id = $1",
         "DELETE FROM link_counters WHERE topology_id = $1",
         "DELETE FROM nodes WHERE topology_id = $1",
@@ -55,11 +53,15 @@ pub(super) async fn replace_children(
         sqlx::query(sql).bind(id).execute(&mut **tx).await?;
     }
     insert_nodes(tx, id, plan, credential_sha256).await?;
-    insert_links_and_flows(tx, id, plan).await
+    insert_links(tx, id, plan).await?;
+    // New nodes mean new agents: every flow runs anew.
+    super::flows::replace(tx, id, plan, false).await?;
+    Ok(())
 }
 
 /// Replaces links and flows but keeps the nodes (and so their agents, their
-/// credentials and stream state); counters of links that remain are kept.
+/// credentials and stream state); counters of links that remain are kept, and
+/// so are flows defined as before.
 pub(super) async fn replace_links_and_flows(
     tx: &mut Transaction<'_, Postgres>,
     id: i64,
@@ -71,13 +73,42 @@ pub(super) async fn replace_links_and_flows(
         .bind(&kept)
         .execute(&mut **tx)
         .await?;
-    for sql in [
-        "DELETE FROM flows WHERE topology_id = $1",
-        "DELETE FROM links WHERE topology_id = $1",
-    ] {
-        sqlx::query(sql).bind(id).execute(&mut **tx).await?;
-    }
-    insert_links_and_flows(tx, id, plan).await
+    sqlx::query("DELETE FROM links WHERE topology_id = $1")
+        .bind(id)
+        .execute(&mut **tx)
+        .await?;
+    insert_links(tx, id, plan).await?;
+    // Flow routes move the generation past the one `upsert_topology` returned;
+    // agents ack the last one, which is what waiting for the first needs.
+    super::flows::replace(tx, id, plan, true).await?;
+    Ok(())
+}
+
+/// Replaces links and flows, deletes the `removed` nodes and inserts the
+/// `added` ones; every other node row (credential, agent state) stays.
+pub(super) async fn change_nodes_links_and_flows(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+    removed: &[String],
+    added_credentials: &BTreeMap<String, String>,
+) -> Result<()> {
+    sqlx::query("DELETE FROM nodes WHERE topology_id = $1 AND name = ANY($2)")
+        .bind(id)
+        .bind(removed)
+        .execute(&mut **tx)
+        .await?;
+    let added = Plan {
+        nodes: plan
+            .nodes
+            .iter()
+            .filter(|n| added_credentials.contains_key(&n.name))
+            .cloned()
+            .collect(),
+        ..plan.clone()
+    };
+    insert_nodes(tx, id, &added, added_credentials).await?;
+    replace_links_and_flows(tx, id, plan).await
 }
 
 async fn insert_nodes(
@@ -105,11 +136,7 @@ async fn insert_nodes(
     Ok(())
 }
 
-async fn insert_links_and_flows(
-    tx: &mut Transaction<'_, Postgres>,
-    id: i64,
-    plan: &Plan,
-) -> Result<()> {
+async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) -> Result<()> {
     // Serialized up front: the query builder's closure cannot fail. (Serializing these
     // plain structs cannot fail either, but an error is an error, not a panic.)
     let params = plan
@@ -142,20 +169,6 @@ async fn insert_links_and_flows(
             },
         );
         qb.build().execute(&mut **tx).await?;
-    }
-    for f in &plan.flows {
-        sqlx::query(
-            "INSERT INTO flows (topology_id, name, src, dst, size_bytes, count, path) VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(id)
-        .bind(&f.name)
-        .bind(&f.src)
-        .bind(&f.dst)
-        .bind(f.size_bytes.map(|v| v as i64))
-        .bind(f.count as i32)
-        .bind(f.path.clone())
-        .execute(&mut **tx)
-        .await?;
     }
     Ok(())
 }
@@ -239,22 +252,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         })
     })
     .collect::<Result<Vec<_>>>()?;
-    let flows = sqlx::query(
-        "SELECT name, src, dst, size_bytes, count, path FROM flows WHERE topology_id = $1 ORDER BY name",
-    )
-    .bind(id)
-    .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|r| PlannedFlow {
-        name: r.get("name"),
-        src: r.get("src"),
-        dst: r.get("dst"),
-        size_bytes: r.get::<Option<i64>, _>("size_bytes").map(|v| v as u64),
-        count: r.get::<i32, _>("count") as u32,
-        path: r.get("path"),
-    })
-    .collect();
+    let flows = super::flows::load(pool, name, id).await?;
     let plan = Plan {
         topology: name.to_string(),
         overlay,

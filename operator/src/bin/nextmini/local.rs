@@ -28,12 +28,16 @@ pub struct LocalArgs {
     /// Port (socket name) of the private PostgreSQL.
     #[arg(long, global = true, env = "NEXTMINI_PG_PORT", default_value_t = DEFAULT_PORT)]
     pg_port: u16,
+    /// Where the hub serves Prometheus metrics (its own and every local agent's), or "off".
+    #[arg(long, global = true, env = "NEXTMINI_METRICS_ADDR", default_value = nextmini_operator::observe::DEFAULT_METRICS_ADDR)]
+    metrics_addr: nextmini_operator::observe::MetricsAddr,
 }
 
 pub struct Local {
     pub state_dir: PathBuf,
     database_url: Option<String>,
     pg_port: u16,
+    pub metrics_addr: nextmini_operator::observe::MetricsAddr,
 }
 
 impl Local {
@@ -47,6 +51,7 @@ impl Local {
             state_dir,
             database_url: args.database_url,
             pg_port: args.pg_port,
+            metrics_addr: args.metrics_addr,
         })
     }
 
@@ -134,6 +139,7 @@ impl Local {
         let mut cmd = Command::new(std::env::current_exe()?);
         cmd.arg("--state-dir").arg(&self.state_dir);
         cmd.arg("--pg-port").arg(self.pg_port.to_string());
+        cmd.arg("--metrics-addr").arg(self.metrics_addr.to_string());
         if let Some(url) = &self.database_url {
             cmd.arg("--database-url").arg(url);
         }
@@ -169,7 +175,10 @@ impl Local {
         std::fs::write(self.hub_pidfile(), std::process::id().to_string())?;
         let socket = self.hub_socket();
         tracing::info!(socket = %socket.display(), "hub listening");
-        let served = Hub::new(store).serve_unix(&socket, shutdown_signal()).await;
+        let hub = Hub::new(store.clone());
+        crate::observe::start_for_hub(self, &hub, &store).await;
+        let served = hub.serve_unix(&socket, shutdown_signal()).await;
+        crate::observe::hub_stopped(self);
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(self.hub_pidfile());
         served
@@ -182,43 +191,48 @@ impl Local {
         nextmini_operator::runtime::process::stop(&[pid], Duration::from_secs(3));
         let _ = std::fs::remove_file(self.hub_pidfile());
         let _ = std::fs::remove_file(self.hub_socket());
+        crate::observe::hub_stopped(self);
         true
     }
 
     /// Tears down the named topologies, or everything when none is named; stops
     /// the hub and the private PostgreSQL once no topology is left.
-    pub async fn down(&self, topologies: &[String]) -> anyhow::Result<()> {
+    pub async fn down(&self, topologies: &[String], all: bool) -> anyhow::Result<()> {
         self.require_root()?;
         let runtime = self.runtime()?;
-        let store = self.existing_store().await?;
-        if topologies.is_empty() {
-            let removed = runtime.destroy_everything().await?;
-            if let Some(store) = &store {
-                for t in store.topology_names().await? {
-                    store.delete_topology(&t).await?;
-                    println!("removed topology {t}");
-                }
+        // After a crash the private PostgreSQL may be down with its data intact:
+        // start it, so `down` knows which topologies this state directory made.
+        let store = if self.database_url.is_some() || self.localpg()?.is_initialised() {
+            Some(self.store().await?)
+        } else {
+            None
+        };
+        let names = match (&store, topologies.is_empty()) {
+            (Some(s), true) => s.topology_names().await?,
+            _ => topologies.to_vec(),
+        };
+        for t in &names {
+            let removed = runtime.destroy(t).await?;
+            crate::observe::forget_topology(self, t);
+            let existed = match &store {
+                Some(s) => s.delete_topology(t).await?,
+                None => false,
+            };
+            if !existed && removed == Default::default() {
+                println!("topology {t} is not running");
+            } else {
+                println!(
+                    "removed topology {t}: {} agent process(es), {} namespace(s), {} interface(s)",
+                    removed.processes, removed.namespaces, removed.links
+                );
             }
+        }
+        if all {
+            let removed = runtime.destroy_everything().await?;
             println!(
-                "removed {} agent process(es), {} namespace(s), {} interface(s)",
+                "swept the machine: {} agent process(es), {} namespace(s), {} interface(s)",
                 removed.processes, removed.namespaces, removed.links
             );
-        } else {
-            for t in topologies {
-                let removed = runtime.destroy(t).await?;
-                let existed = match &store {
-                    Some(s) => s.delete_topology(t).await?,
-                    None => false,
-                };
-                if !existed && removed == Default::default() {
-                    println!("topology {t} is not running");
-                } else {
-                    println!(
-                        "removed topology {t}: {} agent process(es), {} namespace(s), {} interface(s)",
-                        removed.processes, removed.namespaces, removed.links
-                    );
-                }
-            }
         }
         let remaining = match &store {
             Some(s) => s.topology_names().await?,
@@ -353,6 +367,7 @@ impl Local {
     /// Removes a topology's nodes and rows (used by `up` to replace or roll back).
     pub async fn remove_topology(&self, store: &Store, topology: &str) -> anyhow::Result<()> {
         self.runtime()?.destroy(topology).await?;
+        crate::observe::forget_topology(self, topology);
         store.delete_topology(topology).await?;
         Ok(())
     }

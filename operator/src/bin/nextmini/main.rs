@@ -1,8 +1,13 @@
 //! `nextmini`: the command line. `up -f` runs the whole control plane locally
 //! (plan, private PostgreSQL, hub, namespace runtime) with no Kubernetes.
 
+mod graph;
 mod local;
+mod observe;
+mod results;
 mod status;
+mod tools;
+mod top;
 mod up;
 
 use clap::{Parser, Subcommand};
@@ -27,11 +32,19 @@ enum Command {
     /// Remove topologies and everything they made; with no name, all of them,
     /// the hub and the private PostgreSQL.
     Down {
-        /// Topologies to remove (default: all).
+        /// Topologies to remove (default: every topology of this state directory).
         topologies: Vec<String>,
+        /// Also sweep everything any Nextmini run left on this machine (agents,
+        /// namespaces, interfaces), whether or not the database knows it.
+        #[arg(long)]
+        all: bool,
     },
     /// Show topologies, nodes, agent streams and per-link traffic.
     Status(status::StatusArgs),
+    /// Show what synthetic flows achieved: per flow the instances done and
+    /// failed and the p50/p99 completion time; export every instance as CSV,
+    /// plot completion time against size and throughput over time.
+    Results(results::ResultsArgs),
     /// Run a command inside a virtual node (its network namespace, where node
     /// names resolve to overlay addresses).
     Exec {
@@ -64,6 +77,8 @@ enum Command {
         #[command(subcommand)]
         action: DbAction,
     },
+    #[command(flatten)]
+    Tools(tools::Tools),
 }
 
 #[derive(Subcommand, Debug)]
@@ -109,13 +124,20 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
             topology,
             command,
         } => local.exec(topology.as_deref(), &node, &command),
+        Command::Tools(tool) => tools::run(&local, tool),
         command => {
             let runtime = tokio::runtime::Runtime::new()?;
             runtime.block_on(async move {
                 match command {
-                    Command::Up(args) => up::up(&local, args).await,
-                    Command::Down { topologies } => local.down(&topologies).await.map(|()| 0),
+                    Command::Up(args) => {
+                        let started = std::time::Instant::now();
+                        let outcome = up::up(&local, args).await;
+                        observe::record_reconcile(&local, &outcome, started.elapsed()).await;
+                        outcome
+                    }
+                    Command::Down { topologies, all } => local.down(&topologies, all).await.map(|()| 0),
                     Command::Status(args) => status::status(&local, args).await,
+                    Command::Results(args) => results::results(&local, args).await,
                     Command::Hub { background: false } => local.run_hub().await.map(|()| 0),
                     Command::Hub { background: true } => local.ensure_hub().map(|()| 0),
                     Command::Db { action } => local
@@ -126,7 +148,10 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         })
                         .await
                         .map(|()| 0),
-                    Command::Crd { .. } | Command::Plan { .. } | Command::Exec { .. } => Ok(0),
+                    Command::Crd { .. }
+                    | Command::Plan { .. }
+                    | Command::Exec { .. }
+                    | Command::Tools(_) => Ok(0),
                 }
             })
         }

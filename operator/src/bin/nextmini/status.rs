@@ -17,6 +17,7 @@ pub struct StatusArgs {
 enum Format {
     Table,
     Json,
+    Yaml,
 }
 
 pub async fn status(local: &Local, args: StatusArgs) -> anyhow::Result<i32> {
@@ -37,16 +38,30 @@ pub async fn status(local: &Local, args: StatusArgs) -> anyhow::Result<i32> {
         }
     }
     let hub = local.hub_pid();
+    let loads = crate::observe::loads(&store, &names).await?;
+    let metrics = hub.and(nextmini_operator::observe::running_address(
+        &local.state_dir,
+    ));
     match args.output {
-        Format::Json => {
-            let doc = serde_json::json!({ "hub": { "pid": hub }, "topologies": rows });
-            println!("{}", serde_json::to_string_pretty(&doc)?);
+        Format::Json | Format::Yaml => {
+            let doc = serde_json::json!({
+                "hub": { "pid": hub, "metrics": metrics.map(|a| format!("http://{a}/metrics")) },
+                "topologies": crate::observe::with_load(&rows, &loads)?,
+            });
+            if matches!(args.output, Format::Json) {
+                println!("{}", serde_json::to_string_pretty(&doc)?);
+            } else {
+                print!("{}", serde_norway::to_string(&doc)?);
+            }
         }
         Format::Table => {
             match hub {
                 Some(pid) => println!(
-                    "hub: running (pid {pid}), socket {}",
-                    local.hub_socket().display()
+                    "hub: running (pid {pid}), socket {}{}",
+                    local.hub_socket().display(),
+                    metrics
+                        .map(|a| format!(", metrics http://{a}/metrics"))
+                        .unwrap_or_default()
                 ),
                 None => {
                     println!("hub: not running (agents keep forwarding; `nextmini up` restarts it)")
@@ -55,15 +70,18 @@ pub async fn status(local: &Local, args: StatusArgs) -> anyhow::Result<i32> {
             if rows.is_empty() {
                 println!("no topologies");
             }
-            for t in &rows {
-                print_topology(t);
+            for (t, load) in rows.iter().zip(&loads) {
+                print_topology(t, load.as_ref());
             }
         }
     }
     Ok(0)
 }
 
-fn print_topology(t: &TopologyStatusRow) {
+fn print_topology(
+    t: &TopologyStatusRow,
+    load: Option<&nextmini_operator::observe::load::TopologyLoad>,
+) {
     let ready = t
         .nodes
         .iter()
@@ -101,9 +119,12 @@ fn print_topology(t: &TopologyStatusRow) {
         "STATE",
         "BYTES →",
         "BYTES ←",
+        "LOAD →",
+        "LOAD ←",
         "DROPS",
     ]);
     for l in &t.links {
+        let (fwd, bwd) = crate::observe::load_columns(load, &l.name);
         links.add_row([
             l.name.clone(),
             format!("{} → {}", l.dialer, l.acceptor),
@@ -111,6 +132,8 @@ fn print_topology(t: &TopologyStatusRow) {
             if l.connected { "up" } else { "down" }.to_string(),
             human_bytes(l.bytes_forward),
             human_bytes(l.bytes_backward),
+            fwd,
+            bwd,
             l.drops.to_string(),
         ]);
     }

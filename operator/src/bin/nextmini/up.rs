@@ -5,8 +5,9 @@
 use crate::local::Local;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
-use nextmini_operator::plan::{self, Plan};
+use nextmini_operator::plan::{self, NodeChanges, Plan};
 use nextmini_operator::runtime::Runtime;
+use nextmini_operator::store::Store;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,100 +76,196 @@ pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
     local.require_root()?;
     let store = local.store().await?;
     local.ensure_hub()?;
-    let runtime = local.runtime()?;
+    let timeout = Duration::from_secs(args.timeout_secs);
     for plan in &plans {
         let topology = &plan.topology;
         if let Some((running, _)) = store.load_plan(topology).await? {
-            if running.same_nodes(plan) && local.runtime()?.is_running(&running) {
-                let generation = store.apply_links_in_place(plan, &source).await?;
-                wait_ready(
-                    local,
-                    &store,
-                    plan,
-                    generation,
-                    Duration::from_secs(args.timeout_secs),
-                )
-                .await?;
-                println!(
-                    "topology {topology} updated in place: links and flows changed, nodes kept (generation {generation})"
-                );
-                continue;
+            let changes = running.node_changes(plan);
+            match changes {
+                Some(changes) if local.runtime()?.is_running(&running) => {
+                    change(local, &store, &running, plan, &source, &changes, timeout).await?;
+                    continue;
+                }
+                Some(_) => {
+                    println!("replacing topology {topology}: not all of its nodes were running")
+                }
+                None => println!(
+                    "replacing running topology {topology}: its addressing or dataplane settings changed, so every node restarts"
+                ),
             }
-            println!("replacing running topology {topology}");
         }
-        // Also clears what a crashed earlier run may have left.
-        local.remove_topology(&store, topology).await?;
-
-        let credentials: BTreeMap<String, String> = plan
-            .nodes
-            .iter()
-            .map(|n| (n.name.clone(), hex::encode(rand::random::<[u8; 32]>())))
-            .collect();
-        let hashes = credentials
-            .iter()
-            .map(|(n, c)| (n.clone(), hex::encode(Sha256::digest(c.as_bytes()))))
-            .collect();
-        let generation = store.apply_plan(plan, "netns", &source, &hashes).await?;
-        store.ensure_link_identity(topology).await?;
-
-        let bar = progress_bar(
-            plan.nodes.len() as u64,
-            &format!("{topology}: starting nodes"),
-        );
-        let created = runtime
-            .create(plan, &credentials, &|_node: &str| bar.inc(1))
-            .await;
-        bar.finish_and_clear();
-        let pids = match created {
-            Ok(p) => p,
-            Err(e) => {
-                local.remove_topology(&store, topology).await?;
-                return Err(anyhow::Error::new(e).context(format!(
-                    "starting topology {topology} failed; everything it made was removed"
-                )));
-            }
-        };
-        for (node, pid) in &pids {
-            store
-                .set_node_pid(topology, node, Some(*pid as i32))
-                .await?;
-        }
-        if let Err(e) = wait_ready(
-            local,
-            &store,
-            plan,
-            generation,
-            Duration::from_secs(args.timeout_secs),
-        )
-        .await
-        {
-            eprintln!("{e:#}");
-            eprintln!(
-                "the topology is left running for inspection; `nextmini down {topology}` removes it"
-            );
+        if !start(local, &store, plan, &source, timeout).await? {
             return Ok(1);
-        }
-        println!(
-            "topology {topology} is up: {} nodes, {} links (generation {generation})",
-            plan.nodes.len(),
-            plan.links.len()
-        );
-        for n in &plan.nodes {
-            println!("  {:<12} {}", n.name, n.overlay);
-        }
-        if let (Some(first), Some(last)) = (plan.nodes.first(), plan.nodes.last()) {
-            println!(
-                "try: nextmini exec {} -- ping -c 3 {}",
-                first.name, last.name
-            );
         }
     }
     Ok(0)
 }
 
+fn new_credentials<'a>(
+    nodes: impl Iterator<Item = &'a String>,
+) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+    let credentials: BTreeMap<String, String> = nodes
+        .map(|n| (n.clone(), hex::encode(rand::random::<[u8; 32]>())))
+        .collect();
+    let hashes = credentials
+        .iter()
+        .map(|(n, c)| (n.clone(), hex::encode(Sha256::digest(c.as_bytes()))))
+        .collect();
+    (credentials, hashes)
+}
+
+/// Starts a topology from nothing (removing whatever an earlier, crashed run
+/// left). False when the agents did not all become ready in time.
+async fn start(
+    local: &Local,
+    store: &Store,
+    plan: &Plan,
+    source: &str,
+    timeout: Duration,
+) -> anyhow::Result<bool> {
+    let topology = &plan.topology;
+    local.remove_topology(store, topology).await?;
+    let (credentials, hashes) = new_credentials(plan.nodes.iter().map(|n| &n.name));
+    let generation = store.apply_plan(plan, "netns", source, &hashes).await?;
+    store.ensure_link_identity(topology).await?;
+
+    let bar = progress_bar(
+        plan.nodes.len() as u64,
+        &format!("{topology}: starting nodes"),
+    );
+    let created = local
+        .runtime()?
+        .create(plan, &credentials, &|_node: &str| bar.inc(1))
+        .await;
+    bar.finish_and_clear();
+    let pids = match created {
+        Ok(p) => p,
+        Err(e) => {
+            local.remove_topology(store, topology).await?;
+            return Err(anyhow::Error::new(e).context(format!(
+                "starting topology {topology} failed; everything it made was removed"
+            )));
+        }
+    };
+    for (node, pid) in &pids {
+        store
+            .set_node_pid(topology, node, Some(*pid as i32))
+            .await?;
+    }
+    if let Err(e) = wait_ready(local, store, plan, generation, timeout).await {
+        eprintln!("{e:#}");
+        eprintln!(
+            "the topology is left running for inspection; `nextmini down {topology}` removes it"
+        );
+        return Ok(false);
+    }
+    println!(
+        "topology {topology} is up: {} nodes, {} links (generation {generation})",
+        plan.nodes.len(),
+        plan.links.len()
+    );
+    for n in &plan.nodes {
+        println!("  {:<12} {}", n.name, n.overlay);
+    }
+    if let (Some(first), Some(last)) = (plan.nodes.first(), plan.nodes.last()) {
+        println!(
+            "try: nextmini exec {} -- ping -c 3 {}",
+            first.name, last.name
+        );
+    }
+    Ok(true)
+}
+
+/// Changes a running topology without restarting the nodes that stay: new nodes
+/// are started first and the store changed in one transaction; if either fails,
+/// what this run started is removed and the topology runs on as it was. Only
+/// then are removed nodes stopped, and nodes whose addresses or limits changed
+/// restarted.
+async fn change(
+    local: &Local,
+    store: &Store,
+    running: &Plan,
+    plan: &Plan,
+    source: &str,
+    changes: &NodeChanges,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let topology = &plan.topology;
+    let runtime = local.runtime()?;
+    let restarted: Vec<String> = changes
+        .added
+        .iter()
+        .filter(|n| changes.removed.contains(n))
+        .cloned()
+        .collect();
+    let fresh: Vec<String> = changes
+        .added
+        .iter()
+        .filter(|n| !restarted.contains(n))
+        .cloned()
+        .collect();
+    let (credentials, hashes) = new_credentials(changes.added.iter());
+    let rollback = |e: anyhow::Error| async {
+        if let Err(cleanup) = runtime.remove_nodes(topology, &fresh).await {
+            eprintln!("warning: removing the nodes this run started failed: {cleanup}");
+        }
+        runtime.write_hosts(running);
+        e.context(format!(
+            "changing topology {topology} failed; it runs on unchanged"
+        ))
+    };
+
+    let mut pids = BTreeMap::new();
+    if !fresh.is_empty() {
+        let bar = progress_bar(
+            fresh.len() as u64,
+            &format!("{topology}: starting new nodes"),
+        );
+        let created = runtime
+            .add_nodes(plan, &fresh, &credentials, &|_n: &str| bar.inc(1))
+            .await;
+        bar.finish_and_clear();
+        match created {
+            Ok(p) => pids.extend(p),
+            Err(e) => return Err(rollback(e.into()).await),
+        }
+    }
+    let generation = match store
+        .apply_node_changes(plan, source, &changes.removed, &hashes)
+        .await
+    {
+        Ok(g) => g,
+        Err(e) => return Err(rollback(e.into()).await),
+    };
+    if !changes.removed.is_empty() {
+        runtime.remove_nodes(topology, &changes.removed).await?;
+    }
+    if !restarted.is_empty() {
+        pids.extend(
+            runtime
+                .add_nodes(plan, &restarted, &credentials, &|_n: &str| {})
+                .await?,
+        );
+    }
+    runtime.write_hosts(plan);
+    for (node, pid) in &pids {
+        store
+            .set_node_pid(topology, node, Some(*pid as i32))
+            .await?;
+    }
+    wait_ready(local, store, plan, generation, timeout).await?;
+    println!(
+        "topology {topology} changed in place (generation {generation}): {} node(s) started, {} stopped, {} restarted; links and flows updated",
+        fresh.len(),
+        changes.removed.len() - restarted.len(),
+        restarted.len()
+    );
+    Ok(())
+}
+
 async fn wait_ready(
     local: &Local,
-    store: &nextmini_operator::store::Store,
+    store: &Store,
     plan: &Plan,
     generation: i64,
     timeout: Duration,

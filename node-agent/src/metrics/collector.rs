@@ -1,0 +1,256 @@
+//! The dataplane's counters as Prometheus metric families, read at scrape time.
+
+use super::Source;
+use crate::counters::LinkCounters;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::registry::Unit;
+use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+type Labels<'a> = Vec<(&'static str, &'a str)>;
+
+/// A metric family's descriptor. `name` excludes the unit, which the encoder
+/// appends (and, for counters, `_total` after it).
+struct Desc {
+    name: &'static str,
+    help: &'static str,
+    unit: Option<Unit>,
+}
+
+fn desc(name: &'static str, unit: Option<Unit>, help: &'static str) -> Desc {
+    Desc { name, help, unit }
+}
+
+fn counters<'a>(
+    encoder: &mut DescriptorEncoder,
+    d: &Desc,
+    series: impl IntoIterator<Item = (Labels<'a>, u64)>,
+) -> fmt::Result {
+    let mut family =
+        encoder.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Counter)?;
+    for (labels, value) in series {
+        family
+            .encode_family(&labels)?
+            .encode_counter::<NoLabelSet, _, u64>(&value, None)?;
+    }
+    Ok(())
+}
+
+fn gauges<'a>(
+    encoder: &mut DescriptorEncoder,
+    d: &Desc,
+    series: impl IntoIterator<Item = (Labels<'a>, f64)>,
+) -> fmt::Result {
+    let mut family =
+        encoder.encode_descriptor(d.name, d.help, d.unit.as_ref(), MetricType::Gauge)?;
+    for (labels, value) in series {
+        family.encode_family(&labels)?.encode_gauge(&value)?;
+    }
+    Ok(())
+}
+
+fn get(a: &AtomicU64) -> u64 {
+    a.load(Relaxed)
+}
+
+/// Per-link families (bytes, packets, drops by cause, ECN marks, queue depth,
+/// configured rate, RTT, state) and the agent's own (stream, generation, TUN
+/// packets, drops outside links).
+pub struct DataplaneCollector {
+    source: Source,
+}
+
+impl DataplaneCollector {
+    pub fn new(source: Source) -> DataplaneCollector {
+        DataplaneCollector { source }
+    }
+}
+
+impl fmt::Debug for DataplaneCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DataplaneCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for DataplaneCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> fmt::Result {
+        let map = self.source.links.load();
+        let mut links: Vec<(&str, &LinkCounters, u64)> = map
+            .values()
+            .map(|l| (l.spec.name.as_str(), &*l.counters, l.rate_bps()))
+            .collect();
+        links.sort_by_key(|l| l.0);
+        let e = &mut encoder;
+        let per_direction = |tx: fn(&LinkCounters) -> u64, rx: fn(&LinkCounters) -> u64| {
+            links.iter().flat_map(move |(name, c, _)| {
+                [
+                    (vec![("link", *name), ("direction", "tx")], tx(c)),
+                    (vec![("link", *name), ("direction", "rx")], rx(c)),
+                ]
+            })
+        };
+        counters(
+            e,
+            &desc(
+                "nextmini_link",
+                Some(Unit::Bytes),
+                "Bytes of IP packets on the link: tx sent to the peer, rx received from it",
+            ),
+            per_direction(|c| get(&c.tx_bytes), |c| get(&c.rx_bytes)),
+        )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_link_packets",
+                None,
+                "Packets on the link: tx sent to the peer, rx received from it",
+            ),
+            per_direction(|c| get(&c.tx_packets), |c| get(&c.rx_packets)),
+        )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_link_drops",
+                None,
+                "Packets this node dropped on its way out over the link, by cause: handoff (full hand-off queue), queue (full emulated queue), aqm (RED), loss (emulated loss)",
+            ),
+            links.iter().flat_map(|(name, c, _)| {
+                [
+                    ("handoff", get(&c.drops)),
+                    ("queue", get(&c.drops_queue)),
+                    ("aqm", get(&c.drops_aqm)),
+                    ("loss", get(&c.drops_loss)),
+                ]
+                .map(|(cause, v)| (vec![("link", *name), ("cause", cause)], v))
+            }),
+        )?;
+        let per_link = |f: fn(&LinkCounters) -> u64| {
+            links
+                .iter()
+                .map(move |(name, c, _)| (vec![("link", *name)], f(c)))
+        };
+        counters(
+            e,
+            &desc(
+                "nextmini_link_ecn_marks",
+                None,
+                "Packets the link's AQM marked Congestion Experienced instead of dropping",
+            ),
+            per_link(|c| get(&c.ecn_marks)),
+        )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_link_connects",
+                None,
+                "Times the link's connection to the peer was (re)established",
+            ),
+            per_link(|c| get(&c.connects)),
+        )?;
+        let as_f64 = |f: fn(&LinkCounters) -> u64| per_link(f).map(|(l, v)| (l, v as f64));
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_queue_packets",
+                None,
+                "Packets waiting in the link's emulated queue",
+            ),
+            as_f64(|c| get(&c.queue_packets)),
+        )?;
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_queue",
+                Some(Unit::Bytes),
+                "Bytes waiting in the link's emulated queue",
+            ),
+            as_f64(|c| get(&c.queue_bytes)),
+        )?;
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_rate",
+                Some(Unit::Other("bits_per_second".into())),
+                "Configured shaped rate of the direction this node sends (0 = unlimited)",
+            ),
+            links
+                .iter()
+                .map(|(name, _, rate)| (vec![("link", *name)], *rate as f64)),
+        )?;
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_rtt",
+                Some(Unit::Seconds),
+                "Latest keepalive round trip of the link's connection (absent until measured)",
+            ),
+            links.iter().filter_map(|(name, c, _)| {
+                let us = get(&c.rtt_us);
+                (us > 0).then(|| (vec![("link", *name)], us as f64 / 1e6))
+            }),
+        )?;
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_up",
+                None,
+                "Whether the link's connection to the peer is up (1) or not (0)",
+            ),
+            links.iter().map(|(name, c, _)| {
+                (
+                    vec![("link", *name)],
+                    f64::from(u8::from(c.connected.load(Relaxed))),
+                )
+            }),
+        )?;
+
+        let state = &self.source.state;
+        let node = &self.source.node;
+        gauges(
+            e,
+            &desc(
+                "nextmini_agent_stream_connected",
+                None,
+                "Whether the agent's control stream to the hub is connected (1) or not (0)",
+            ),
+            [(vec![], f64::from(u8::from(state.stream_connected())))],
+        )?;
+        gauges(
+            e,
+            &desc(
+                "nextmini_agent_generation",
+                None,
+                "Generation of the desired state the agent runs (0 before its first snapshot)",
+            ),
+            [(vec![], state.generation() as f64)],
+        )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_agent_tun_packets",
+                None,
+                "Packets through the node's TUN device: rx read from it (sent by applications), tx written to it (delivered to applications)",
+            ),
+            [
+                (vec![("direction", "rx")], get(&node.tun_rx_packets)),
+                (vec![("direction", "tx")], get(&node.tun_tx_packets)),
+            ],
+        )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_agent_drops",
+                None,
+                "Packets dropped outside any link, by cause: no_route, hop_limit (a routing loop), malformed",
+            ),
+            [
+                (vec![("cause", "no_route")], get(&node.no_route)),
+                (vec![("cause", "hop_limit")], get(&node.hop_limit)),
+                (vec![("cause", "malformed")], get(&node.malformed)),
+            ],
+        )?;
+        Ok(())
+    }
+}

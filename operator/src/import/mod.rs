@@ -1,0 +1,3 @@
+//! Converting other labs' topology files into Nextmini manifests.
+
+pub mod containerlab;

@@ -1,0 +1,226 @@
+//! The hub's own metrics: agents connected, control-delta and database-write
+//! latency, reports received, reconciles, and scrapes of local agents that failed.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
+use prometheus_client::registry::{Registry, Unit};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// How a reconcile (an `up`, or later a controller's pass) ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReconcileResult {
+    Applied,
+    Failed,
+}
+
+impl ReconcileResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ReconcileResult::Applied => "applied",
+            ReconcileResult::Failed => "failed",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<ReconcileResult> {
+        match s {
+            "applied" => Some(ReconcileResult::Applied),
+            "failed" => Some(ReconcileResult::Failed),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ResultLabel {
+    result: String,
+}
+
+/// 1 ms to about 65 s, doubling.
+fn latency_buckets() -> impl Iterator<Item = f64> {
+    exponential_buckets(0.001, 2.0, 17)
+}
+
+pub struct HubMetrics {
+    registry: Registry,
+    connected: Arc<ConnectedAgents>,
+    control_delta: Histogram,
+    db_write: Histogram,
+    reports: Counter,
+    reconciles: Family<ResultLabel, Counter>,
+    reconcile_duration: Family<ResultLabel, Histogram>,
+    scrape_errors: Counter,
+}
+
+impl std::fmt::Debug for HubMetrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubMetrics").finish_non_exhaustive()
+    }
+}
+
+impl Default for HubMetrics {
+    fn default() -> Self {
+        HubMetrics::new()
+    }
+}
+
+impl HubMetrics {
+    pub fn new() -> HubMetrics {
+        let mut registry = Registry::default();
+        let connected = Arc::new(ConnectedAgents::default());
+        registry.register_collector(Box::new(connected.clone()));
+        let control_delta = Histogram::new(latency_buckets());
+        registry.register_with_unit(
+            "nextmini_hub_control_delta",
+            "Time from a change notification to its deltas queued on every affected agent session",
+            Unit::Seconds,
+            control_delta.clone(),
+        );
+        let db_write = Histogram::new(latency_buckets());
+        registry.register_with_unit(
+            "nextmini_hub_db_write",
+            "Time to write one batch of agent counters (history and latest values) to PostgreSQL",
+            Unit::Seconds,
+            db_write.clone(),
+        );
+        let reports = Counter::default();
+        registry.register(
+            "nextmini_hub_reports",
+            "Counter reports received from agents",
+            reports.clone(),
+        );
+        let reconciles = Family::<ResultLabel, Counter>::default();
+        registry.register(
+            "nextmini_hub_reconciles",
+            "Desired-state applies (nextmini up, controllers), by result: applied or failed",
+            reconciles.clone(),
+        );
+        let reconcile_duration =
+            Family::<ResultLabel, Histogram>::new_with_constructor(|| -> Histogram {
+                Histogram::new(exponential_buckets(0.05, 2.0, 14))
+            });
+        registry.register_with_unit(
+            "nextmini_hub_reconcile_duration",
+            "Duration of desired-state applies, by result",
+            Unit::Seconds,
+            reconcile_duration.clone(),
+        );
+        let scrape_errors = Counter::default();
+        registry.register(
+            "nextmini_hub_scrape_errors",
+            "Local agent metrics endpoints that could not be scraped (dead or slow agents)",
+            scrape_errors.clone(),
+        );
+        // Both results exist from the start, so a rate over them is never "no data".
+        for r in [ReconcileResult::Applied, ReconcileResult::Failed] {
+            drop(reconciles.get_or_create(&ResultLabel {
+                result: r.as_str().into(),
+            }));
+        }
+        HubMetrics {
+            registry,
+            connected,
+            control_delta,
+            db_write,
+            reports,
+            reconciles,
+            reconcile_duration,
+            scrape_errors,
+        }
+    }
+
+    pub fn observe_control_delta(&self, took: Duration) {
+        self.control_delta.observe(took.as_secs_f64());
+    }
+
+    pub fn observe_db_write(&self, took: Duration) {
+        self.db_write.observe(took.as_secs_f64());
+    }
+
+    pub fn report_received(&self) {
+        self.reports.inc();
+    }
+
+    pub fn reconciled(&self, result: ReconcileResult, took: Duration) {
+        let label = ResultLabel {
+            result: result.as_str().into(),
+        };
+        self.reconciles.get_or_create(&label).inc();
+        self.reconcile_duration
+            .get_or_create(&label)
+            .observe(took.as_secs_f64());
+    }
+
+    pub fn scrape_failed(&self) {
+        self.scrape_errors.inc();
+    }
+
+    /// Replaces the per-topology counts of connected agents. Topologies the
+    /// hub knows with no agent connected should be passed with 0.
+    pub fn set_connected_agents(&self, counts: BTreeMap<String, u64>) {
+        *self.connected.0.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+    }
+
+    /// The hub's metrics in the OpenMetrics text format, ending with `# EOF`.
+    pub fn encode(&self) -> Result<String, std::fmt::Error> {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// `nextmini_hub_connected_agents{topology}`: a snapshot the hub refreshes from
+/// its sessions before each scrape, swapped whole so a scrape never sees half.
+#[derive(Debug, Default)]
+struct ConnectedAgents(Mutex<BTreeMap<String, u64>>);
+
+impl Collector for ConnectedAgents {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
+        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut family = encoder.encode_descriptor(
+            "nextmini_hub_connected_agents",
+            "Agents with a live control stream to the hub, per topology",
+            None,
+            MetricType::Gauge,
+        )?;
+        for (topology, n) in &counts {
+            let labels = [("topology", topology.as_str())];
+            family.encode_family(&labels)?.encode_gauge(n)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_the_contract() {
+        let m = HubMetrics::new();
+        m.observe_control_delta(Duration::from_millis(3));
+        m.observe_db_write(Duration::from_millis(2));
+        m.report_received();
+        m.reconciled(ReconcileResult::Applied, Duration::from_secs(2));
+        m.scrape_failed();
+        m.set_connected_agents(BTreeMap::from([("line3".to_string(), 3)]));
+        let text = m.encode().expect("encodes");
+        for line in [
+            "nextmini_hub_connected_agents{topology=\"line3\"} 3",
+            "nextmini_hub_control_delta_seconds_count 1",
+            "nextmini_hub_db_write_seconds_count 1",
+            "nextmini_hub_reports_total 1",
+            "nextmini_hub_reconciles_total{result=\"applied\"} 1",
+            "nextmini_hub_reconciles_total{result=\"failed\"} 0",
+            "nextmini_hub_reconcile_duration_seconds_count{result=\"applied\"} 1",
+            "nextmini_hub_scrape_errors_total 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        }
+    }
+}
