@@ -166,6 +166,30 @@ impl Handler for Endpoint {
     }
 }
 
+/// Binds `addr` and serves the endpoint, `targets.json` and the address file in
+/// the background for as long as the process runs; returns the bound address.
+/// Failing to bind (a port in use) is for the caller to report: the hub's
+/// control plane matters more than its metrics.
+pub async fn start(
+    hub: Hub,
+    state_dir: &std::path::Path,
+    addr: std::net::SocketAddr,
+) -> std::io::Result<std::net::SocketAddr> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    let dir = sockets::metrics_dir(state_dir);
+    std::fs::create_dir_all(&dir)?;
+    std::fs::write(super::address_file(state_dir), format!("{bound}\n"))?;
+    let endpoint = std::sync::Arc::new(Endpoint::new(hub, dir));
+    tokio::spawn(super::http::serve(
+        listener,
+        endpoint,
+        std::future::pending::<()>(),
+    ));
+    tokio::spawn(super::targets::keep_written(state_dir.to_path_buf(), bound));
+    Ok(bound)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -194,28 +218,4 @@ mod tests {
         assert_eq!(agent_path("/agents/line3/metrics"), None);
         assert_eq!(agent_path("/metrics"), None);
     }
-}
-
-/// Binds `addr` and serves the endpoint, `targets.json` and the address file in
-/// the background for as long as the process runs; returns the bound address.
-/// Failing to bind (a port in use) is for the caller to report: the hub's
-/// control plane matters more than its metrics.
-pub async fn start(
-    hub: Hub,
-    state_dir: &std::path::Path,
-    addr: std::net::SocketAddr,
-) -> std::io::Result<std::net::SocketAddr> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
-    let dir = sockets::metrics_dir(state_dir);
-    std::fs::create_dir_all(&dir)?;
-    std::fs::write(super::address_file(state_dir), format!("{bound}\n"))?;
-    let endpoint = std::sync::Arc::new(Endpoint::new(hub, dir));
-    tokio::spawn(super::http::serve(
-        listener,
-        endpoint,
-        std::future::pending::<()>(),
-    ));
-    tokio::spawn(super::targets::keep_written(state_dir.to_path_buf(), bound));
-    Ok(bound)
 }

@@ -87,6 +87,12 @@ pub fn layout(nodes: &[String], edges: &[(String, String)]) -> Vec<(f64, f64)> {
         let (dx, dy) = (p.0 - mx, p.1 - my);
         *p = (dx * cos - dy * sin, dx * sin + dy * cos);
     }
+    // Reading order: the first node on the left.
+    if pos[0].0 > 0.0 {
+        for p in &mut pos {
+            p.0 = -p.0;
+        }
+    }
     // Fit the drawing to the box, keeping its proportions.
     let (min_x, max_x) = pos.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
         (lo.min(p.0), hi.max(p.0))

@@ -166,8 +166,10 @@ pub async fn load(store: &Store, topology: &str) -> Result<Option<TopologyLoad>,
     .bind(id)
     .fetch_all(pool)
     .await?;
+    // (name, dialer, acceptor, transport) -> per direction (configured rate, reports).
     type Key = (String, String, String, String);
-    let mut links: BTreeMap<Key, [(Option<u64>, Vec<Sample>); 2]> = BTreeMap::new();
+    type Direction = (Option<u64>, Vec<Sample>);
+    let mut links: BTreeMap<Key, [Direction; 2]> = BTreeMap::new();
     for r in rows {
         let key = (
             r.get::<String, _>("name"),

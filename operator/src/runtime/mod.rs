@@ -8,6 +8,7 @@ pub mod names;
 pub mod netlink;
 pub mod netns;
 pub mod process;
+pub mod supervise;
 
 use crate::plan::Plan;
 use std::collections::BTreeMap;

@@ -83,15 +83,22 @@ impl NetnsRuntime {
         std::fs::write(etc.join("hosts"), hosts)
             .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
 
-        let cred_dir = self.credential_dir(topology);
-        let cred_file = cred_dir.join(&node.name);
-        write_secret(&cred_file, credential)?;
+        write_secret(&self.credential_dir(topology).join(&node.name), credential)?;
+        cgroup::create(&cgroup::group_name(&ns), &node.resources)?;
+        self.start_agent(topology, node)
+    }
+
+    /// Starts the node's agent in its (existing) namespace with the credential
+    /// already on disk, inside the node's cgroup when it has one. Used when the
+    /// node is made, and by the supervisor when an agent died.
+    pub fn start_agent(&self, topology: &str, node: &PlannedNode) -> Result<u32, RuntimeError> {
+        let ns = names::netns(topology, &node.name);
+        let cred_file = self.credential_dir(topology).join(&node.name);
         let log_dir = self.log_dir(topology);
         std::fs::create_dir_all(&log_dir)
             .map_err(|e| RuntimeError::io(log_dir.display().to_string(), e))?;
         let log_file = log_dir.join(format!("{}.log", node.name));
         let group = cgroup::group_name(&ns);
-        let limited = cgroup::create(&group, &node.resources)?;
         let pid = process::spawn_agent(&AgentLaunch {
             binary: &self.agent_binary,
             netns: &ns,
@@ -106,9 +113,7 @@ impl NetnsRuntime {
                 &node.name,
             )),
         })?;
-        if limited {
-            cgroup::join(&group, pid)?;
-        }
+        cgroup::join(&group, pid)?;
         Ok(pid)
     }
 }

@@ -5,7 +5,6 @@
 use super::RuntimeError;
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use std::fs::File;
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -24,7 +23,11 @@ pub struct AgentLaunch<'a> {
 }
 
 pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
-    let log = File::create(launch.log_file)
+    // Appended, so a restarted agent's log follows the one of the agent that died.
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(launch.log_file)
         .map_err(|e| RuntimeError::io(launch.log_file.display().to_string(), e))?;
     let log_err = log
         .try_clone()

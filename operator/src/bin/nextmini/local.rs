@@ -177,6 +177,12 @@ impl Local {
         tracing::info!(socket = %socket.display(), "hub listening");
         let hub = Hub::new(store.clone());
         crate::observe::start_for_hub(self, &hub, &store).await;
+        // The local runtime's half of "a dead agent is restarted".
+        tokio::spawn(nextmini_operator::runtime::supervise::run(
+            self.runtime()?,
+            store.clone(),
+            Duration::from_millis(500),
+        ));
         let served = hub.serve_unix(&socket, shutdown_signal()).await;
         crate::observe::hub_stopped(self);
         let _ = std::fs::remove_file(&socket);
@@ -212,12 +218,14 @@ impl Local {
             _ => topologies.to_vec(),
         };
         for t in &names {
-            let removed = runtime.destroy(t).await?;
-            crate::observe::forget_topology(self, t);
+            // Rows first: the hub's supervisor restarts only agents of nodes it
+            // still finds in the store.
             let existed = match &store {
                 Some(s) => s.delete_topology(t).await?,
                 None => false,
             };
+            let removed = runtime.destroy(t).await?;
+            crate::observe::forget_topology(self, t);
             if !existed && removed == Default::default() {
                 println!("topology {t} is not running");
             } else {
@@ -366,9 +374,10 @@ impl Local {
 
     /// Removes a topology's nodes and rows (used by `up` to replace or roll back).
     pub async fn remove_topology(&self, store: &Store, topology: &str) -> anyhow::Result<()> {
+        // Rows first, so the hub's supervisor does not restart what is being removed.
+        store.delete_topology(topology).await?;
         self.runtime()?.destroy(topology).await?;
         crate::observe::forget_topology(self, topology);
-        store.delete_topology(topology).await?;
         Ok(())
     }
 }
