@@ -6,7 +6,55 @@
 
 use nextmini_e2e::{Env, kill9, link_counter, repo_path, sha256_file};
 use std::process::Stdio;
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// Node state changes as the schema announces them on `nextmini_nodes`
+/// ("topology/node state"), with when they arrived: transitions too quick to
+/// poll for (a restart within half a second) are still seen.
+fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        else {
+            return;
+        };
+        runtime.block_on(async move {
+            let Ok(mut listener) = sqlx::postgres::PgListener::connect(&url).await else {
+                return;
+            };
+            if listener.listen("nextmini_nodes").await.is_err() {
+                return;
+            }
+            while let Ok(Some(n)) = listener.try_recv().await {
+                if tx.send((n.payload().to_string(), Instant::now())).is_err() {
+                    return;
+                }
+            }
+        });
+    });
+    // Let LISTEN take effect before the caller causes anything.
+    std::thread::sleep(Duration::from_millis(300));
+    rx
+}
+
+fn wait_state(
+    events: &mpsc::Receiver<(String, Instant)>,
+    expected: &str,
+    limit: Duration,
+) -> Instant {
+    let deadline = Instant::now() + limit;
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match events.recv_timeout(left) {
+            Ok((payload, at)) if payload == expected => return at,
+            Ok(_) => continue,
+            Err(_) => panic!("no `{expected}` on nextmini_nodes within {limit:?}"),
+        }
+    }
+}
 
 fn node_field(env: &Env, node: &str, field: &str) -> String {
     let column = match field {
@@ -195,5 +243,29 @@ fn agents_database_and_links_survive_faults() {
     });
     println!(
         "link connection dropped: re-dialled after {redialled:?}, counters continued from {tx_before} bytes"
+    );
+
+    // 4. A hung agent (frozen, its connection still open) falls silent: the hub's
+    // watchdog marks it down; once it runs again it reconnects.
+    let pid: i32 = node_field(&env, "c", "pid").parse().expect("pid of c");
+    let events = watch_node_states(env.ok(&["db", "url"]).trim().to_string());
+    let frozen = Instant::now();
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    );
+    let silent_after = wait_state(&events, "line3/c disconnected", Duration::from_secs(8)) - frozen;
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGCONT,
+    );
+    wait_state(&events, "line3/c connected", Duration::from_secs(10));
+    assert_eq!(
+        node_field(&env, "c", "pid"),
+        pid.to_string(),
+        "a hung agent must not be replaced while it lives"
+    );
+    println!(
+        "hung agent: marked down after {silent_after:?} (3 report intervals, at least 3 s), reconnected after it resumed"
     );
 }
