@@ -67,8 +67,46 @@ enum Kind {
 
 /// Parses a stream of YAML documents. `source` names the stream in errors (usually the
 /// file name). Empty documents are skipped; all problems are reported, not just the first.
+/// The Kubernetes API refuses objects over about 1.5 MiB (etcd's request
+/// limit); local mode holds documents to the same limit, so a manifest that
+/// works here also applies to a cluster. Big topologies use `generator`.
+pub const MAX_DOCUMENT_BYTES: usize = 1_572_864;
+
+/// Reports documents over the size limit, before any of them is parsed (a YAML
+/// parser would otherwise spend its time and memory on them). A document
+/// marker is a line starting with `---` at column 0, which YAML allows nowhere else.
+fn oversized_documents(source: &str, text: &str, errors: &mut ValidationErrors) {
+    let mut index = 1;
+    let mut size = 0usize;
+    let mut report = |index: usize, size: usize| {
+        if size > MAX_DOCUMENT_BYTES {
+            errors.push(
+                format!("{source} document {index}"),
+                WHOLE_DOCUMENT,
+                format!(
+                    "is {:.1} MiB; documents may be at most 1.5 MiB (the Kubernetes API's limit): describe large topologies with spec.generator and separate Link objects",
+                    size as f64 / 1_048_576.0
+                ),
+            );
+        }
+    };
+    for line in text.split_inclusive('\n') {
+        if line.starts_with("---") && size > 0 {
+            report(index, size);
+            index += 1;
+            size = 0;
+        }
+        size += line.len();
+    }
+    report(index, size);
+}
+
 pub fn parse_manifest(source: &str, text: &str) -> Result<Manifest, ValidationErrors> {
     let mut errors = ValidationErrors::default();
+    oversized_documents(source, text, &mut errors);
+    if !errors.is_empty() {
+        return Err(errors);
+    }
 
     // Pass 1: generic values. A YAML syntax error desynchronizes the rest of the stream,
     // so stop at the first one (and report it after the documents before it).
