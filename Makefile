@@ -5,7 +5,7 @@ PROFILE ?= release
 BIN := target/$(PROFILE)/nextmini
 EXAMPLE ?= manifests/examples/line3.yaml
 
-.PHONY: setup build run demo test lint unit e2e crds down clean
+.PHONY: setup build run demo test lint unit e2e crds down clean fuzz
 
 setup:
 	@scripts/setup.sh
@@ -34,6 +34,11 @@ unit:
 e2e: setup
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e -- --test-threads=1 --nocapture
+
+# Fuzz smoke run: builds the cargo-fuzz targets (nightly, or stable with
+# RUSTC_BOOTSTRAP=1) and runs each for FUZZ_SECONDS (default 20). See fuzz/README.md.
+fuzz:
+	@fuzz/smoke.sh
 
 crds:
 	$(CARGO) run -q --bin nextmini -- crd --dir crds

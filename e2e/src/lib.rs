@@ -59,6 +59,11 @@ impl Env {
         }
     }
 
+    /// The agent binary under test.
+    pub fn agent_bin(&self) -> PathBuf {
+        self.bin_dir.join("nextmini-agent")
+    }
+
     pub fn command(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(self.bin_dir.join("nextmini"));
         cmd.args(args)

@@ -96,7 +96,10 @@ fn frame_seeds() -> Vec<(&'static str, Vec<u8>)> {
     hello_future.extend_from_slice(b"\x00\x04next");
     vec![
         ("data-ipv4-udp", encode(std::slice::from_ref(&data))),
-        ("data-labelled-ipv6", encode(std::slice::from_ref(&labelled))),
+        (
+            "data-labelled-ipv6",
+            encode(std::slice::from_ref(&labelled)),
+        ),
         ("hello-frame", encode(std::slice::from_ref(&hello_frame))),
         ("keepalive-probe", encode(std::slice::from_ref(&probe))),
         ("keepalive-reply", encode(std::slice::from_ref(&reply))),
@@ -118,11 +121,20 @@ fn flow_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ..V4::new(PROTO_UDP)
     };
     vec![
-        ("ipv4-tcp", v4(PROTO_TCP, tcp(40_000, 80, b"GET / HTTP/1.1\r\n"))),
+        (
+            "ipv4-tcp",
+            v4(PROTO_TCP, tcp(40_000, 80, b"GET / HTTP/1.1\r\n")),
+        ),
         ("ipv4-udp", v4(PROTO_UDP, udp(5353, 53, b"\x12\x34"))),
         ("ipv4-udp-ef-ect0", ipv4(ecn_ef, &udp(1000, 2000, &[0; 32]))),
-        ("ipv4-icmp-echo", v4(PROTO_ICMP, icmp(8, 0x1234, 1, &[0xab; 16]))),
-        ("ipv4-icmp-reply", v4(PROTO_ICMP, icmp(0, 0x1234, 1, &[0xab; 16]))),
+        (
+            "ipv4-icmp-echo",
+            v4(PROTO_ICMP, icmp(8, 0x1234, 1, &[0xab; 16])),
+        ),
+        (
+            "ipv4-icmp-reply",
+            v4(PROTO_ICMP, icmp(0, 0x1234, 1, &[0xab; 16])),
+        ),
         (
             "ipv4-icmp-unreachable",
             v4(PROTO_ICMP, icmp(3, 0, 0, &udp_packet()[..28])),

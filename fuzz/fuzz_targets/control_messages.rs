@@ -135,7 +135,7 @@ fn route_table(routes: &pb::RouteTable, rng: &mut Rng) {
             .flow_rules
             .iter()
             .flat_map(|r| [&r.src_addr, &r.dst_addr])
-            .filter_map(|a| a.parse().ok()),
+            .filter_map(|a| a.parse::<IpAddr>().ok()),
     );
     addrs.push(Ipv4Addr::new(198, 18, 0, 1).into());
     let ports: Vec<u16> = routes

@@ -4,7 +4,9 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use nextmini_agent::flow::{self, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP};
+use nextmini_agent::flow::{
+    self, FlowKey, PROTO_ICMP, PROTO_ICMPV6, PROTO_SCTP, PROTO_TCP, PROTO_UDP,
+};
 use nextmini_agent::sched::PacketMeta;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -37,7 +39,11 @@ fuzz_target!(|data: &[u8]| {
             assert_eq!(meta.dscp, tclass >> 2);
             assert_eq!(meta.ecn_capable, tclass & 0b11 != 0);
         }
-        _ => assert_eq!(meta, PacketMeta::with_len(meta.len), "not IP: only the length"),
+        _ => assert_eq!(
+            meta,
+            PacketMeta::with_len(meta.len),
+            "not IP: only the length"
+        ),
     }
 
     match parsed {
@@ -64,7 +70,14 @@ fn check_key(data: &[u8], key: &FlowKey) {
     match data[0] >> 4 {
         4 => {
             assert!(data.len() >= 20);
-            let at = |i: usize| IpAddr::V4(Ipv4Addr::new(data[i], data[i + 1], data[i + 2], data[i + 3]));
+            let at = |i: usize| {
+                IpAddr::V4(Ipv4Addr::new(
+                    data[i],
+                    data[i + 1],
+                    data[i + 2],
+                    data[i + 3],
+                ))
+            };
             assert_eq!(key.src, at(12));
             assert_eq!(key.dst, at(16));
             assert_eq!(key.protocol, data[9]);
@@ -107,5 +120,9 @@ fn check_padding(data: &[u8], key: &FlowKey) {
     }
     let mut padded = data.to_vec();
     padded.extend_from_slice(&[0xff; 24]);
-    assert_eq!(FlowKey::parse(&padded), Ok(*key), "trailing padding changed the key");
+    assert_eq!(
+        FlowKey::parse(&padded),
+        Ok(*key),
+        "trailing padding changed the key"
+    );
 }

@@ -209,7 +209,11 @@ impl Driver {
                 assert_eq!(before.queued.packets, after.queued.packets);
                 assert_eq!(before.in_flight, after.in_flight);
             }
-            Err(_) => assert_eq!(&before, self.pipeline.stats(), "a failed change changes nothing"),
+            Err(_) => assert_eq!(
+                &before,
+                self.pipeline.stats(),
+                "a failed change changes nothing"
+            ),
         }
         self.check();
         self.poll();

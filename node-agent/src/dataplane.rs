@@ -237,6 +237,7 @@ impl Dataplane {
                 endpoint.clone(),
                 self.topology.clone(),
                 self.links.clone(),
+                crate::link_auth::LinkKey::from_identity(&node.link_key_der),
             ));
             Some(endpoint)
         };
@@ -258,12 +259,14 @@ impl Dataplane {
             tcp,
             self.topology.clone(),
             self.links.clone(),
+            crate::link_auth::LinkKey::from_identity(&node.link_key_der),
         ));
         tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, "dataplane started");
         let context = LinkContext {
             processors,
             quic,
             mtu: u32::from(mtu),
+            auth: crate::link_auth::LinkKey::from_identity(&node.link_key_der),
         };
         self.identity = Some(identity);
         self.context = Some(context.clone());

@@ -16,6 +16,7 @@ pub mod control;
 pub mod counters;
 pub mod dataplane;
 pub mod link;
+pub mod link_auth;
 pub mod listener;
 pub mod metrics;
 pub mod netns;

@@ -66,6 +66,8 @@ pub struct LinkContext {
     pub processors: Processors,
     pub quic: Option<quinn::Endpoint>,
     pub mtu: u32,
+    /// Signs this node's link handshakes (the topology's link key).
+    pub auth: Option<crate::link_auth::LinkKey>,
 }
 
 /// Handle to a running link; dropping the last one stops its task.
@@ -239,7 +241,14 @@ impl LinkTask {
             Role::Dial { peer } => {
                 let mut backoff = BACKOFF_MIN;
                 loop {
-                    match dial(&self.spec, self.context.quic.as_ref(), peer).await {
+                    match dial(
+                        &self.spec,
+                        self.context.quic.as_ref(),
+                        self.context.auth.as_ref(),
+                        peer,
+                    )
+                    .await
+                    {
                         Ok(c) => return Some(c),
                         Err(e) => {
                             tracing::debug!(link = %self.spec.name, %peer, error = %e, "dial failed")
@@ -394,14 +403,26 @@ impl LinkTask {
 async fn dial(
     spec: &LinkSpec,
     quic: Option<&quinn::Endpoint>,
+    auth: Option<&crate::link_auth::LinkKey>,
     peer: SocketAddr,
 ) -> Result<Conn, String> {
     let hello = LinkHello {
         topology: spec.topology.clone(),
         link: spec.name.clone(),
         node: spec.local_node.clone(),
+    }
+    .encode();
+    // The tag follows the hello fields; decoders of the hello ignore it.
+    let payload = match auth {
+        Some(key) => {
+            let tag = key.sign(&hello, crate::link_auth::unix_ms());
+            let mut signed = bytes::BytesMut::from(&hello[..]);
+            signed.extend_from_slice(&tag);
+            signed.freeze()
+        }
+        None => hello,
     };
-    let hello = Frame::new(FrameKind::Hello, 0, hello.encode());
+    let hello = Frame::new(FrameKind::Hello, 0, payload);
     let timeout = Duration::from_secs(2);
     match spec.transport {
         Transport::Tcp => {

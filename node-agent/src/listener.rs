@@ -5,6 +5,7 @@
 use crate::conn::Conn;
 use crate::frame::{self, FrameKind, LinkHello};
 use crate::link::LinkHandle;
+use crate::link_auth::LinkKey;
 use arc_swap::ArcSwap;
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -33,7 +34,12 @@ pub async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
     Err(last.unwrap_or_else(|| std::io::Error::other("bind failed")))
 }
 
-pub async fn run_tcp(listener: TcpListener, topology: String, links: LinkMap) {
+pub async fn run_tcp(
+    listener: TcpListener,
+    topology: String,
+    links: LinkMap,
+    auth: Option<LinkKey>,
+) {
     loop {
         let (stream, from) = match listener.accept().await {
             Ok(c) => c,
@@ -46,14 +52,26 @@ pub async fn run_tcp(listener: TcpListener, topology: String, links: LinkMap) {
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "set_nodelay failed");
         }
-        spawn_handshake(Conn::tcp(stream), from, topology.clone(), links.clone());
+        spawn_handshake(
+            Conn::tcp(stream),
+            from,
+            topology.clone(),
+            links.clone(),
+            auth.clone(),
+        );
     }
 }
 
-pub async fn run_quic(endpoint: quinn::Endpoint, topology: String, links: LinkMap) {
+pub async fn run_quic(
+    endpoint: quinn::Endpoint,
+    topology: String,
+    links: LinkMap,
+    auth: Option<LinkKey>,
+) {
     while let Some(incoming) = endpoint.accept().await {
         let topology = topology.clone();
         let links = links.clone();
+        let auth = auth.clone();
         tokio::spawn(async move {
             let from = incoming.remote_address();
             let accepted = async {
@@ -62,7 +80,7 @@ pub async fn run_quic(endpoint: quinn::Endpoint, topology: String, links: LinkMa
                 Ok::<_, String>(Conn::quic(connection, send, recv))
             };
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, accepted).await {
-                Ok(Ok(conn)) => spawn_handshake(conn, from, topology, links),
+                Ok(Ok(conn)) => spawn_handshake(conn, from, topology, links, auth),
                 Ok(Err(e)) => tracing::warn!(%from, error = %e, "QUIC link refused"),
                 Err(_) => tracing::warn!(%from, "QUIC link handshake timed out"),
             }
@@ -70,9 +88,20 @@ pub async fn run_quic(endpoint: quinn::Endpoint, topology: String, links: LinkMa
     }
 }
 
-fn spawn_handshake(conn: Conn, from: SocketAddr, topology: String, links: LinkMap) {
+fn spawn_handshake(
+    conn: Conn,
+    from: SocketAddr,
+    topology: String,
+    links: LinkMap,
+    auth: Option<LinkKey>,
+) {
     tokio::spawn(async move {
-        match tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake(conn, &topology, &links)).await {
+        match tokio::time::timeout(
+            HANDSHAKE_TIMEOUT,
+            handshake(conn, &topology, &links, auth.as_ref()),
+        )
+        .await
+        {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!(%from, error = %e, "link handshake refused"),
             Err(_) => tracing::warn!(%from, "link handshake timed out"),
@@ -80,7 +109,12 @@ fn spawn_handshake(conn: Conn, from: SocketAddr, topology: String, links: LinkMa
     });
 }
 
-async fn handshake(mut conn: Conn, topology: &str, links: &LinkMap) -> Result<(), String> {
+async fn handshake(
+    mut conn: Conn,
+    topology: &str,
+    links: &LinkMap,
+    auth: Option<&LinkKey>,
+) -> Result<(), String> {
     // Read exactly one frame, so no byte of the data that follows is consumed here.
     let mut buf = vec![0u8; 4];
     conn.reader
@@ -102,7 +136,15 @@ async fn handshake(mut conn: Conn, topology: &str, links: &LinkMap) -> Result<()
     if header.kind != FrameKind::Hello {
         return Err("first frame is not a handshake".into());
     }
-    let hello = LinkHello::decode(&buf[frame::HEADER_LEN..]).map_err(|e| e.to_string())?;
+    let payload = &buf[frame::HEADER_LEN..];
+    let hello = LinkHello::decode(payload).map_err(|e| e.to_string())?;
+    if let Some(key) = auth {
+        // The hello's own bytes are re-encoded to find where the tag starts.
+        let signed = hello.encode();
+        let tag = payload.get(signed.len()..).unwrap_or_default();
+        key.verify(&signed, tag, crate::link_auth::unix_ms())
+            .map_err(|e| format!("link {} from {}: {e}", hello.link, hello.node))?;
+    }
     if hello.topology != topology {
         return Err(format!("peer belongs to topology {}", hello.topology));
     }

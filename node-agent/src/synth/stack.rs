@@ -317,7 +317,7 @@ impl Stack {
         smoltcp::time::Instant::from_micros(i64::try_from(micros).unwrap_or(i64::MAX))
     }
 
-    fn from_ts(&self, t: smoltcp::time::Instant) -> Instant {
+    fn instant_of(&self, t: smoltcp::time::Instant) -> Instant {
         self.epoch + Duration::from_micros(u64::try_from(t.total_micros()).unwrap_or(0))
     }
 
@@ -460,7 +460,7 @@ impl Stack {
         let mut at = self
             .iface
             .poll_at(ts, &self.sockets)
-            .map(|t| self.from_ts(t));
+            .map(|t| self.instant_of(t));
         let mut earliest = |t: Instant| at = Some(at.map_or(t, |a| a.min(t)));
         let mtu = self.mtu as u64;
         for source in self.sources.values() {

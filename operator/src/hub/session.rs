@@ -98,13 +98,14 @@ pub(super) async fn run(
                     .collect();
                 hub.inner.counters.push(rows).await;
             }
-            Some(pb::agent_message::Msg::FlowReport(report)) => {
-                if !store_flow_report(&hub, id, &key, topology_id, report).await {
-                    // The agent keeps what was not confirmed and sends it again
-                    // on its next session.
-                    break;
-                }
+            // The agent keeps what was not confirmed and sends it again on its
+            // next session.
+            Some(pb::agent_message::Msg::FlowReport(report))
+                if !store_flow_report(&hub, id, &key, topology_id, &report).await =>
+            {
+                break;
             }
+            Some(pb::agent_message::Msg::FlowReport(_)) => {}
             Some(pb::agent_message::Msg::Hello(_)) => {
                 tracing::warn!(%topology, %node, "second Hello on one stream ignored");
             }
@@ -197,9 +198,9 @@ async fn store_flow_report(
     id: u64,
     key: &SessionKey,
     topology_id: i64,
-    report: pb::FlowReport,
+    report: &pb::FlowReport,
 ) -> bool {
-    let (sent, received) = flow_rows(report.results);
+    let (sent, received) = flow_rows(&report.results);
     let store = &hub.inner.store;
     let stored = match store.record_flow_sent(topology_id, &sent).await {
         Ok(_) => store.record_flow_received(topology_id, &received).await,
@@ -221,7 +222,7 @@ async fn store_flow_report(
 }
 
 /// Splits reported results into the sources' and the sinks' rows.
-fn flow_rows(results: Vec<pb::FlowResult>) -> (Vec<SentRow>, Vec<ReceivedRow>) {
+fn flow_rows(results: &[pb::FlowResult]) -> (Vec<SentRow>, Vec<ReceivedRow>) {
     let time = |us: u64| {
         chrono::DateTime::from_timestamp_micros(i64::try_from(us).unwrap_or(i64::MAX))
             .unwrap_or_default()
@@ -233,7 +234,7 @@ fn flow_rows(results: Vec<pb::FlowResult>) -> (Vec<SentRow>, Vec<ReceivedRow>) {
         let generation = i64::try_from(r.defined_generation).unwrap_or(i64::MAX);
         if r.from_sink {
             received.push(ReceivedRow {
-                flow: r.flow,
+                flow: r.flow.clone(),
                 defined_generation: generation,
                 instance,
                 started_at: time(r.started_unix_us),
@@ -244,7 +245,7 @@ fn flow_rows(results: Vec<pb::FlowResult>) -> (Vec<SentRow>, Vec<ReceivedRow>) {
         let finished = r.finished_unix_us > 0;
         let fct_us = finished.then_some(r.fct_us);
         sent.push(SentRow {
-            flow: r.flow,
+            flow: r.flow.clone(),
             defined_generation: generation,
             instance,
             protocol: match pb::FlowProtocol::try_from(r.protocol) {
@@ -260,7 +261,7 @@ fn flow_rows(results: Vec<pb::FlowResult>) -> (Vec<SentRow>, Vec<ReceivedRow>) {
                 .filter(|f| *f > 0)
                 .map(|f| r.bytes as f64 * 8.0 / (f as f64 / 1e6)),
             retransmissions: i64::try_from(r.retransmissions).unwrap_or(i64::MAX),
-            error: (!r.error.is_empty()).then_some(r.error),
+            error: (!r.error.is_empty()).then(|| r.error.clone()),
         });
     }
     (sent, received)

@@ -618,4 +618,64 @@ mod tests {
         assert_eq!(changed.upsert_links[0].name, name);
         assert!(changed.routes.is_none());
     }
+
+    #[test]
+    fn flows_go_to_their_source_and_sink_and_change_by_snapshot() {
+        let text = include_str!("../../tests/fixtures/workloads.yaml");
+        let manifest = crate::plan::parse_manifest("workloads.yaml", text).expect("parses");
+        let mut plan = crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0);
+        for f in &mut plan.flows {
+            f.defined_generation = 4;
+            if f.name == "web" {
+                f.route_id = Some(1);
+            }
+        }
+        let view = TopologyView::new(plan.clone(), 5)
+            .with_routes(vec![route(1, &["a", "b", "c"])], vec![]);
+        let tasks = |view: &TopologyView, node: &str| view.snapshot(node).expect("node").flows;
+        let role = |tasks: &[pb::FlowTask], name: &str| {
+            tasks
+                .iter()
+                .find(|t| t.name == name)
+                .map(|t| pb::FlowRole::try_from(t.role).expect("role"))
+        };
+        let a = tasks(&view, "a");
+        assert_eq!(role(&a, "web"), Some(pb::FlowRole::Source));
+        assert_eq!(role(&a, "back"), Some(pb::FlowRole::Sink));
+        assert_eq!(role(&a, "cbr"), None, "a has no part in cbr");
+        let web = a.iter().find(|t| t.name == "web").expect("web");
+        assert_eq!(web.peer_addr, "198.18.0.3");
+        assert_eq!((web.defined_generation, web.route_id), (4, 1));
+        assert_eq!(web.size_cdf.len(), 12);
+        assert!(web.mean_interarrival_us > 0);
+        assert_eq!((web.seed, web.count, web.window_bytes), (7, 500, 65536));
+        assert_eq!(web.dscp_by_size[0].dscp, 46);
+        let b = tasks(&view, "b");
+        assert_eq!(b.len(), 1);
+        assert_eq!(role(&b, "cbr"), Some(pb::FlowRole::Sink));
+        assert_eq!(b[0].protocol, pb::FlowProtocol::Udp as i32);
+
+        // Without its route (it no longer follows the links) the flow takes the
+        // shortest path: no label.
+        let unrouted = TopologyView::new(plan.clone(), 5);
+        let web = tasks(&unrouted, "a").into_iter().find(|t| t.name == "web");
+        assert_eq!(web.map(|t| t.route_id), Some(0));
+
+        // A change of flows is a full snapshot; the same flows allow a delta.
+        let before = view.snapshot("a").expect("a");
+        let mut changed = plan.clone();
+        changed.flows.retain(|f| f.name != "back");
+        let after = TopologyView::new(changed, 6)
+            .with_routes(vec![route(1, &["a", "b", "c"])], vec![])
+            .snapshot("a")
+            .expect("a");
+        assert!(delta(&before, &after).is_none());
+        let same = TopologyView::new(plan, 6)
+            .with_routes(vec![route(1, &["a", "b", "c"])], vec![])
+            .snapshot("a")
+            .expect("a");
+        assert!(delta(&before, &same).is_some());
+    }
 }

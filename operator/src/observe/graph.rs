@@ -113,9 +113,22 @@ pub fn layout(nodes: &[String], edges: &[(String, String)]) -> Vec<(f64, f64)> {
         .collect()
 }
 
-/// Graphviz and Mermaid identifiers: quoted, with quotes and backslashes escaped.
+/// A Graphviz string: quoted, with quotes and backslashes escaped.
 fn quoted(s: &str) -> String {
-    format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""))
+    lines(&[s])
+}
+
+/// A Graphviz string of several lines (`\n` escapes between them).
+fn lines(parts: &[&str]) -> String {
+    let escaped: Vec<String> = parts
+        .iter()
+        .map(|s| {
+            s.replace('\\', "\\\\")
+                .replace('"', "\\\"")
+                .replace('\n', " ")
+        })
+        .collect();
+    format!("\"{}\"", escaped.join("\\n"))
 }
 
 /// Mermaid labels cannot contain `"`; names are DNS labels, this is a safeguard.
@@ -196,21 +209,20 @@ pub fn dot(t: &TopologyLoad) -> String {
         out.push_str(&format!(
             "  {} [label={}];\n",
             quoted(&n.name),
-            quoted(&format!("{}\n{}", n.name, n.overlay))
+            lines(&[&n.name, &n.overlay])
         ));
     }
     for l in &t.links {
-        let label = format!(
-            "{}\n{}\n{}",
-            l.name,
-            direction_label(&l.dialer, &l.acceptor, &l.forward),
-            direction_label(&l.acceptor, &l.dialer, &l.backward)
-        );
+        let label = lines(&[
+            &l.name,
+            &direction_label(&l.dialer, &l.acceptor, &l.forward),
+            &direction_label(&l.acceptor, &l.dialer, &l.backward),
+        ]);
         out.push_str(&format!(
             "  {} -- {} [label={}, color={}{}];\n",
             quoted(&l.dialer),
             quoted(&l.acceptor),
-            quoted(&label),
+            label,
             quoted(format::colour(busier(&l.forward, &l.backward), l.up)),
             if l.up { "" } else { ", style=dashed" }
         ));
@@ -341,8 +353,9 @@ mod tests {
         assert!(d.starts_with("// topology line3"));
         assert!(d.contains("graph \"line3\" {"));
         assert!(d.contains(
-            "\"a\" -- \"b\" [label=\"a-b\na→b 9.60 Mbit/s (96%)\nb→a -\", color=\"#e53935\"];"
+            "\"a\" -- \"b\" [label=\"a-b\\na→b 9.60 Mbit/s (96%)\\nb→a -\", color=\"#e53935\"];"
         ));
+        assert!(d.contains("\"a\" [label=\"a\\n198.18.0.1\"];"), "{d}");
         assert!(d.trim_end().ends_with('}'));
     }
 

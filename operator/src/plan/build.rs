@@ -4,8 +4,7 @@
 use super::address;
 use super::assemble::Draft;
 use super::model::{
-    Dataplane, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources,
-    Transport,
+    Dataplane, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources, Transport,
 };
 use super::params::resolve;
 use crate::api;

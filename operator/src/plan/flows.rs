@@ -100,11 +100,7 @@ fn workload(origin: &str, spec: &FlowSpec, errors: &mut ValidationErrors) {
         ("spec.duration", spec.duration.is_some()),
     ];
     if let Some((field, _)) = amounts.iter().filter(|(_, set)| *set).nth(1) {
-        errors.push(
-            origin,
-            *field,
-            "set at most one of size, sizes, duration",
-        );
+        errors.push(origin, *field, "set at most one of size, sizes, duration");
     }
     match spec.size {
         Some(Size::Packets(_)) => errors.push(origin, "spec.size", "must be in bytes, e.g. 100MB"),
@@ -194,17 +190,17 @@ fn workload(origin: &str, spec: &FlowSpec, errors: &mut ValidationErrors) {
                     );
                 }
             }
-            (Some(_), None, None) => {
-                errors.push(origin, format!("{field}.link"), "a load needs the link it loads")
-            }
-            (None, Some(_), None) => {
-                errors.push(origin, format!("{field}.load"), "the link needs a load, e.g. 30%")
-            }
-            _ => errors.push(
+            (Some(_), None, None) => errors.push(
                 origin,
-                field,
-                "set either load and link, or meanInterval",
+                format!("{field}.link"),
+                "a load needs the link it loads",
             ),
+            (None, Some(_), None) => errors.push(
+                origin,
+                format!("{field}.load"),
+                "the link needs a load, e.g. 30%",
+            ),
+            _ => errors.push(origin, field, "set either load and link, or meanInterval"),
         }
     }
 }
@@ -389,9 +385,7 @@ pub fn parse_csv(text: &str) -> Result<Vec<(u64, f64)>, String> {
             .filter(|f| !f.is_empty())
             .collect();
         let [bytes, p] = fields.as_slice() else {
-            return Err(at(format!(
-                "expected `bytes,probability`, found {line:?}"
-            )));
+            return Err(at(format!("expected `bytes,probability`, found {line:?}")));
         };
         let (Ok(bytes), Ok(p)) = (bytes.parse::<f64>(), p.parse::<f64>()) else {
             if points.is_empty() && bytes.parse::<f64>().is_err() {
@@ -399,7 +393,8 @@ pub fn parse_csv(text: &str) -> Result<Vec<(u64, f64)>, String> {
             }
             return Err(at(format!("{line:?} is not two numbers")));
         };
-        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || !p.is_finite() || p < 0.0 {
+        if !bytes.is_finite() || bytes < 0.0 || bytes > u64::MAX as f64 || !p.is_finite() || p < 0.0
+        {
             return Err(at(format!("{line:?} is out of range")));
         }
         points.push((bytes.round() as u64, p));
@@ -408,7 +403,11 @@ pub fn parse_csv(text: &str) -> Result<Vec<(u64, f64)>, String> {
         }
     }
     let last = points.last().map(|&(_, p)| p).ok_or("no points")?;
-    let scale = if (last - 100.0).abs() < 1e-9 { 100.0 } else { 1.0 };
+    let scale = if (last - 100.0).abs() < 1e-9 {
+        100.0
+    } else {
+        1.0
+    };
     for p in &mut points {
         p.1 /= scale;
     }
@@ -500,7 +499,12 @@ fn params(spec: &FlowSpec, graph: &Graph, links: &[PlannedLink]) -> FlowParams {
         let link = links.iter().find(|l| l.name == *name)?;
         let path = route(graph, spec)?;
         let forward = crossing(&path, &[link.dialer.clone(), link.acceptor.clone()])?;
-        let rate = if forward { &link.forward } else { &link.backward }.rate_bps?;
+        let rate = if forward {
+            &link.forward
+        } else {
+            &link.backward
+        }
+        .rate_bps?;
         // Arrivals per second = load × rate / (8 × mean size).
         let per_second = f64::from(load.ppm()) / 1e6 * rate as f64 / (8.0 * mean_size?);
         (per_second > 0.0).then(|| ((1e6 / per_second).round() as u64).max(1))

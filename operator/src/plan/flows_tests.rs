@@ -10,14 +10,16 @@ fn plan(name: &str, text: &str) -> Plan {
 
 fn errors(name: &str, text: &str) -> Vec<FieldError> {
     let m = parse_manifest(name, text).expect("parses");
-    plan_manifest(&m).err().expect("invalid").0
+    plan_manifest(&m).expect_err("invalid").0
 }
 
 fn expect(errors: &[FieldError], flow: &str, field: &str, reason: &str) {
     assert!(
-        errors.iter().any(|e| e.document.ends_with(&format!("(Flow/{flow})"))
-            && e.field == field
-            && e.reason.contains(reason)),
+        errors
+            .iter()
+            .any(|e| e.document.ends_with(&format!("(Flow/{flow})"))
+                && e.field == field
+                && e.reason.contains(reason)),
         "no error for {flow} {field} containing {reason:?} in:\n{}",
         ValidationErrors(errors.to_vec())
     );
@@ -81,20 +83,75 @@ fn flow_params_round_trip_through_the_store_json() {
 #[test]
 fn workload_rules() {
     let e = errors("bad-workloads.yaml", BAD);
-    expect(&e, "both", "spec.duration", "set at most one of size, sizes, duration");
-    expect(&e, "udp-no-rate", "spec.rate", "udp flows send at a constant rate");
+    expect(
+        &e,
+        "both",
+        "spec.duration",
+        "set at most one of size, sizes, duration",
+    );
+    expect(
+        &e,
+        "udp-no-rate",
+        "spec.rate",
+        "udp flows send at a constant rate",
+    );
     expect(&e, "udp-no-rate", "spec.size", "must be greater than 0");
     expect(&e, "maxed", "spec.mode", "max mode");
     expect(&e, "maxed", "spec.parallelism", "must be at least 1");
-    expect(&e, "broken-csv", "spec.sizes.csv", "point 2: sizes and probabilities must not decrease");
-    expect(&e, "off-path", "spec.arrivals.poisson.link", "link \"a-b\" is not on the flow's path b → c");
-    expect(&e, "no-rate", "spec.arrivals.poisson.link", "link \"b-c\" has no rate from \"b\" to \"c\"");
-    expect(&e, "no-size", "spec.arrivals.poisson", "set either load and link, or meanInterval");
-    expect(&e, "no-size", "spec.window", "must be between 4KiB and 64MiB");
-    expect(&e, "no-size", "spec.dscpBySize[0].maxSize", "must be in bytes");
-    expect(&e, "no-size", "spec.dscpBySize[0].dscp", "must be between 0 and 63");
-    expect(&e, "incomplete", "spec.sizes.csv", "the last probability is 0.5");
-    expect(&e, "incomplete", "spec.arrivals.poisson.load", "the link needs a load");
+    expect(
+        &e,
+        "broken-csv",
+        "spec.sizes.csv",
+        "point 2: sizes and probabilities must not decrease",
+    );
+    expect(
+        &e,
+        "off-path",
+        "spec.arrivals.poisson.link",
+        "link \"a-b\" is not on the flow's path b → c",
+    );
+    expect(
+        &e,
+        "no-rate",
+        "spec.arrivals.poisson.link",
+        "link \"b-c\" has no rate from \"b\" to \"c\"",
+    );
+    expect(
+        &e,
+        "no-size",
+        "spec.arrivals.poisson",
+        "set either load and link, or meanInterval",
+    );
+    expect(
+        &e,
+        "no-size",
+        "spec.window",
+        "must be between 4KiB and 64MiB",
+    );
+    expect(
+        &e,
+        "no-size",
+        "spec.dscpBySize[0].maxSize",
+        "must be in bytes",
+    );
+    expect(
+        &e,
+        "no-size",
+        "spec.dscpBySize[0].dscp",
+        "must be between 0 and 63",
+    );
+    expect(
+        &e,
+        "incomplete",
+        "spec.sizes.csv",
+        "the last probability is 0.5",
+    );
+    expect(
+        &e,
+        "incomplete",
+        "spec.arrivals.poisson.load",
+        "the link needs a load",
+    );
 }
 
 #[test]

@@ -43,7 +43,7 @@ impl Wire {
             .iter()
             .filter(|(t, _)| *t > now + self.delay)
             .count();
-        if queued >= self.limit || self.lose_every.is_some_and(|n| self.seen % n == 0) {
+        if queued >= self.limit || self.lose_every.is_some_and(|n| self.seen.is_multiple_of(n)) {
             self.dropped += 1;
             return;
         }

@@ -143,8 +143,18 @@ fn summarize<'a>(flows: &'a [FlowRow], rows: &'a [FlowResultRow]) -> Vec<Summary
 fn print_table(summaries: &[Summary]) {
     let mut table = Table::new();
     table.load_preset(UTF8_BORDERS_ONLY).set_header([
-        "TOPOLOGY", "FLOW", "ROUTE", "PHASE", "DONE", "FAILED", "TOTAL", "BYTES", "P50 FCT",
-        "P99 FCT", "MEAN TPUT", "RETX",
+        "TOPOLOGY",
+        "FLOW",
+        "ROUTE",
+        "PHASE",
+        "DONE",
+        "FAILED",
+        "TOTAL",
+        "BYTES",
+        "P50 FCT",
+        "P99 FCT",
+        "MEAN TPUT",
+        "RETX",
     ]);
     for s in summaries {
         let done: Vec<&&FlowResultRow> = s.rows.iter().filter(|r| r.fct_us.is_some()).collect();
@@ -157,7 +167,9 @@ fn print_table(summaries: &[Summary]) {
         };
         let retx: i64 = s.rows.iter().filter_map(|r| r.retransmissions).sum();
         let fct = |d: &Option<nextmini_operator::units::Duration>| {
-            d.map_or("-".to_owned(), |d| format!("{:.3} ms", d.as_std().as_secs_f64() * 1e3))
+            d.map_or("-".to_owned(), |d| {
+                format!("{:.3} ms", d.as_std().as_secs_f64() * 1e3)
+            })
         };
         table.add_row([
             s.topology.to_owned(),
@@ -198,7 +210,7 @@ fn bytes_text(b: i64) -> String {
     } else if b >= 1e3 {
         format!("{:.1} kB", b / 1e3)
     } else {
-        format!("{b} B")
+        format!("{b:.0} B")
     }
 }
 
@@ -229,7 +241,9 @@ fn csv_line(r: &FlowResultRow) -> String {
         r.started_at.timestamp_micros().to_string(),
         opt(r.finished_at.map(|t| t.timestamp_micros())),
         opt(r.fct_us),
-        r.throughput_bps.map(|t| format!("{t:.0}")).unwrap_or_default(),
+        r.throughput_bps
+            .map(|t| format!("{t:.0}"))
+            .unwrap_or_default(),
         opt(r.retransmissions),
         csv_field(r.error.as_deref().unwrap_or("")),
     ]
@@ -324,6 +338,9 @@ mod plot {
             .collect()
     }
 
+    /// A flow's throughput line: its colour index, name and points.
+    type Series<'a> = (usize, &'a str, Vec<(f64, f64)>);
+
     pub(super) fn draw(path: &Path, summaries: &[Summary]) -> anyhow::Result<()> {
         register_font()?;
         let done: Vec<(usize, &Summary)> = summaries
@@ -361,8 +378,15 @@ mod plot {
             )?;
         chart
             .configure_mesh()
-            .x_desc("size (bytes)")
+            .x_desc("size")
             .y_desc("FCT (ms)")
+            .x_label_formatter(&|b| super::bytes_text(b.round() as i64))
+            .y_label_formatter(&|ms| {
+                format!("{ms:.3}")
+                    .trim_end_matches('0')
+                    .trim_end_matches('.')
+                    .to_owned()
+            })
             .label_style(("sans-serif", 14))
             .draw()?;
         for (i, s) in &done {
@@ -398,7 +422,7 @@ mod plot {
         let end = all.iter().map(|s| s.1).max().unwrap_or(origin + 1);
         // About 200 bins over the run, never finer than 10 ms.
         let bin = ((end - origin) / 200).max(10_000);
-        let series: Vec<(usize, &str, Vec<(f64, f64)>)> = done
+        let series: Vec<Series> = done
             .iter()
             .map(|(i, s)| (*i, s.flow, throughput_series(&spans(s), origin, bin)))
             .collect();
@@ -428,7 +452,9 @@ mod plot {
                     color.stroke_width(2),
                 ))?
                 .label(*flow)
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new([(x, y), (x + 16, y)], color.stroke_width(2))
+                });
         }
         chart
             .configure_series_labels()
@@ -442,7 +468,11 @@ mod plot {
 
     fn bounds(values: impl Iterator<Item = f64>) -> (f64, f64) {
         let (lo, hi) = values.fold((f64::MAX, f64::MIN), |(lo, hi), v| (lo.min(v), hi.max(v)));
-        if lo > hi { (1.0, 10.0) } else { (lo, hi.max(lo * 1.01)) }
+        if lo > hi {
+            (1.0, 10.0)
+        } else {
+            (lo, hi.max(lo * 1.01))
+        }
     }
 }
 
@@ -461,7 +491,10 @@ mod tests {
         let mbit: Vec<f64> = series.iter().map(|p| (p.1 / 1e6).round()).collect();
         assert_eq!(mbit[..4], [8.0, 8.0, 24.0, 24.0]);
         let total: f64 = series.iter().map(|p| p.1 * 0.25 / 8.0).sum();
-        assert!((total - 2e6).abs() < 1.0, "every byte lands in a bin: {total}");
+        assert!(
+            (total - 2e6).abs() < 1.0,
+            "every byte lands in a bin: {total}"
+        );
     }
 
     #[test]
@@ -485,7 +518,13 @@ mod tests {
             retransmissions: Some(0),
             error: None,
         };
-        assert_eq!(csv_line(&row), "t,f,3,a,c,tcp,1000,1000,,5,25,20,400000000,0,");
-        assert_eq!(csv_line(&row).split(',').count(), CSV_HEADER.split(',').count());
+        assert_eq!(
+            csv_line(&row),
+            "t,f,3,a,c,tcp,1000,1000,,5,25,20,400000000,0,"
+        );
+        assert_eq!(
+            csv_line(&row).split(',').count(),
+            CSV_HEADER.split(',').count()
+        );
     }
 }

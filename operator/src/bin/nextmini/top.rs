@@ -50,10 +50,13 @@ pub async fn top(local: &Local, args: TopArgs) -> anyhow::Result<i32> {
     let mut out = std::io::stdout();
     let _screen = Screen::enter(&mut out)?;
     loop {
-        let text = render(
-            &frame().await?,
-            terminal::size().map_or(120, |(w, _)| w as usize),
-        );
+        // A terminal that does not know its size reports 0 columns.
+        let width = terminal::size()
+            .ok()
+            .map(|(w, _)| usize::from(w))
+            .filter(|w| *w >= 20)
+            .unwrap_or(usize::MAX);
+        let text = render(&frame().await?, width);
         execute!(
             out,
             cursor::MoveTo(0, 0),

@@ -1,0 +1,115 @@
+//! Tenants stay apart: a node's credential gets nothing of another node or
+//! another topology from the hub, and a link handshake without the topology's
+//! key is refused, however well it names the link.
+
+use nextmini_e2e::{Env, link_counter, repo_path};
+use std::process::Command;
+use std::time::Duration;
+
+/// Runs a real agent claiming `topology`/`node` with the credential in
+/// `credential_file`, in a scratch namespace, for a few seconds; returns its log.
+fn impostor(env: &Env, topology: &str, node: &str, credential_file: &std::path::Path) -> String {
+    let ns = "nmtest-impostor";
+    let _ = Command::new("ip").args(["netns", "del", ns]).status();
+    assert!(
+        Command::new("ip")
+            .args(["netns", "add", ns])
+            .status()
+            .is_ok_and(|s| s.success())
+    );
+    let hub = format!("unix:{}", env.state_dir.join("hub.sock").display());
+    let out = Command::new("timeout")
+        .arg("3")
+        .arg(env.agent_bin())
+        .args([
+            "--netns",
+            ns,
+            "--hub",
+            &hub,
+            "--topology",
+            topology,
+            "--node",
+            node,
+            "--credential-file",
+        ])
+        .arg(credential_file)
+        .env("RUST_LOG", "info")
+        .output()
+        .expect("agent");
+    let _ = Command::new("ip").args(["netns", "del", ns]).status();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+#[test]
+fn credentials_and_link_keys_keep_topologies_apart() {
+    let env = Env::new("isolation");
+    let line3 = repo_path("manifests/examples/line3.yaml");
+    env.ok(&["up", "-f", line3.to_str().expect("path")]);
+    let other = env.state_dir.join("other.yaml");
+    std::fs::write(
+        &other,
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: other}\nspec:\n  addressing: {overlay: 198.18.128.0/17, underlay: 198.19.64.0/18}\n  nodes: [{name: x}, {name: y}]\n  links: [{endpoints: [x, y]}]\n",
+    )
+    .expect("manifest");
+    env.ok(&["up", "-f", other.to_str().expect("path")]);
+    let a_credential = env.state_dir.join("credentials/line3/a");
+
+    // A's credential for B's node, and for another node of A: both refused, no snapshot.
+    for (topology, node) in [("other", "x"), ("line3", "b")] {
+        let log = impostor(&env, topology, node, &a_credential);
+        assert!(
+            log.contains("bad credential"),
+            "{topology}/{node} with a's credential: {log}"
+        );
+        assert!(
+            !log.contains("snapshot applied"),
+            "{topology}/{node} got a snapshot: {log}"
+        );
+    }
+    // The real agents were not displaced.
+    assert_eq!(
+        env.psql("SELECT count(*) FROM nodes WHERE agent_state = 'connected'"),
+        "5"
+    );
+
+    // A forged link handshake (right names, no key) from inside the topology is refused.
+    let connects = link_counter(&env, "line3", "a-b", "b", "connects");
+    let forge = r#"
+import socket, struct
+def field(s): return struct.pack(">H", len(s)) + s.encode()
+payload = field("line3") + field("a-b") + field("a")
+frame = struct.pack(">IBBBBI", 8 + len(payload), 1, 2, 0, 0, 0) + payload
+s = socket.create_connection(("198.19.0.2", 7100), timeout=2)
+s.sendall(frame)
+try:
+    s.settimeout(2); print("read", s.recv(16))
+except Exception as e:
+    print("closed", e)
+"#;
+    let out = env.exec("a", &["python3", "-c", forge]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let b_log = env.state_dir.join("logs/line3/b.log");
+    env.wait_for(
+        "b to refuse the forged handshake",
+        Duration::from_secs(5),
+        || std::fs::read_to_string(&b_log).is_ok_and(|l| l.contains("authentication tag")),
+    );
+    assert_eq!(
+        link_counter(&env, "line3", "a-b", "b", "connects"),
+        connects,
+        "the forged handshake replaced the real link"
+    );
+    assert!(
+        env.exec("a", &["ping", "-c", "1", "-W", "2", "c"])
+            .status
+            .success()
+    );
+}
