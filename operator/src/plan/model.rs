@@ -429,16 +429,24 @@ mod tests {
         relinked.links[0].forward.rate_bps = Some(20_000_000);
         relinked.links.pop();
         assert!(
-            base.node_changes(&relinked).expect("same settings").is_empty(),
+            base.node_changes(&relinked)
+                .expect("same settings")
+                .is_empty(),
             "a link change needs no node restart"
         );
 
         let mut renumbered = base.clone();
         renumbered.nodes[1].overlay = std::net::Ipv4Addr::new(198, 18, 9, 9);
-        assert_eq!(base.node_changes(&renumbered).expect("same settings").added, ["b"]);
+        assert_eq!(
+            base.node_changes(&renumbered).expect("same settings").added,
+            ["b"]
+        );
         let mut limited = base.clone();
         limited.nodes[0].resources.cpu_millis = Some(100);
-        assert_eq!(base.node_changes(&limited).expect("same settings").removed, ["a"]);
+        assert_eq!(
+            base.node_changes(&limited).expect("same settings").removed,
+            ["a"]
+        );
         let mut wider = base.clone();
         wider.dataplane.processors = 4;
         assert_eq!(

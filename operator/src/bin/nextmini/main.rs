@@ -135,7 +135,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         observe::record_reconcile(&local, &outcome, started.elapsed()).await;
                         outcome
                     }
-                    Command::Down { topologies, all } => local.down(&topologies, all).await.map(|()| 0),
+                    Command::Down { topologies, all } => {
+                        local.down(&topologies, all).await.map(|()| 0)
+                    }
                     Command::Status(args) => status::status(&local, args).await,
                     Command::Results(args) => results::results(&local, args).await,
                     Command::Hub { background: false } => local.run_hub().await.map(|()| 0),
