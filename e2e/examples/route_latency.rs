@@ -134,6 +134,11 @@ async fn run(agents: usize) -> Vec<f64> {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
+    let hub_log = std::fs::read_to_string(env.state_dir.join("logs/hub.log")).unwrap_or_default();
+    let resyncs = hub_log.matches("queue full or closed").count();
+    if resyncs > 0 {
+        eprintln!("{agents} agents: {resyncs} session(s) overflowed and resynced");
+    }
 
     let arrivals: Vec<(u64, bool)> = std::fs::read_to_string(&log)
         .expect("arrival log")

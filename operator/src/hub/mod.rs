@@ -368,9 +368,9 @@ impl Control for Hub {
             return Err(Status::invalid_argument("the first message must be Hello"));
         };
         let topology_id = self.authenticate(&hello).await?;
-        // Deep enough for a burst of changes; a session that falls further
+        // Deep enough for bursts of changes (a script flipping routes); one that falls further
         // behind is resynced by its next reconnect.
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(1024);
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
         let last_seen = Arc::new(AtomicU64::new(self.now_ms()));
