@@ -5,7 +5,7 @@ PROFILE ?= release
 BIN := target/$(PROFILE)/nextmini
 EXAMPLE ?= manifests/examples/line3.yaml
 
-.PHONY: setup build run demo test lint unit e2e crds down clean fuzz
+.PHONY: setup build run demo test lint unit e2e crds down clean fuzz bench
 
 setup:
 	@scripts/setup.sh
@@ -34,6 +34,12 @@ unit:
 e2e: setup
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e -- --test-threads=1 --nocapture
+
+# Longer experiments whose figures are in BENCHMARKS.md; not part of `make test`.
+# The synthetic-flow suite runs at full scale with NEXTMINI_BENCH=1 (about 15 min).
+bench: setup
+	$(CARGO) build --workspace --release --bins
+	NEXTMINI_BENCH=1 NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture
 
 # Fuzz smoke run: builds the cargo-fuzz targets (nightly, or stable with
 # RUSTC_BOOTSTRAP=1) and runs each for FUZZ_SECONDS (default 20). See fuzz/README.md.

@@ -17,6 +17,9 @@ use nextmini_agent::frame::{
 use nextmini_fuzz::Rng;
 use tokio_util::codec::{Decoder, Encoder};
 
+/// Longest input also decoded one byte at a time.
+const BYTEWISE_MAX: usize = 256;
+
 fuzz_target!(|data: &[u8]| {
     check_decode(data);
     check_codec(data);
@@ -37,7 +40,7 @@ fn check_decode(data: &[u8]) {
                 frame::decode(&data[..total]).ok().flatten(),
                 Some((header, total))
             );
-            for cut in 0..total {
+            for cut in prefixes(total) {
                 assert!(
                     matches!(frame::decode(&data[..cut]), Ok(None)),
                     "prefix of {cut} bytes of a {total}-byte frame"
@@ -46,7 +49,7 @@ fn check_decode(data: &[u8]) {
             check_forwarded(header);
         }
         Ok(None) => {
-            for cut in 0..data.len() {
+            for cut in prefixes(data.len()) {
                 assert!(matches!(frame::decode(&data[..cut]), Ok(None)));
             }
         }
@@ -59,6 +62,12 @@ fn check_decode(data: &[u8]) {
             assert_eq!(e.to_string(), again.to_string());
         }
     }
+}
+
+/// Lengths of the proper prefixes of `len` bytes worth checking: decode reads
+/// only the header, so every length past it behaves like the one before `len`.
+fn prefixes(len: usize) -> impl Iterator<Item = usize> {
+    (0..len.min(HEADER_LEN + 2)).chain(len.checked_sub(1).filter(|&l| l >= HEADER_LEN + 2))
 }
 
 fn check_forwarded(header: FrameHeader) {
@@ -144,16 +153,22 @@ fn check_codec(data: &[u8]) {
         assert_eq!(&data[encoded.len()..], &whole.rest[..]);
     }
 
-    // The same stream one byte at a time, and in random pieces.
-    let bytewise = decode_stream(data, || 1);
-    assert_eq!(bytewise, whole, "one byte at a time");
+    // The same stream in other pieces: one byte at a time (short inputs only:
+    // it costs a decode call per byte), in small pieces around header sizes,
+    // and in larger random pieces.
+    if data.len() <= BYTEWISE_MAX {
+        let bytewise = decode_stream(data, || 1);
+        assert_eq!(bytewise, whole, "one byte at a time");
+    }
     let mut rng = Rng::from_bytes(data);
-    let chunked = decode_stream(data, || match rng.below(4) {
-        0 => 1 + rng.below(4) as usize,
-        1 => HEADER_LEN - 1 + rng.below(3) as usize,
-        _ => 1 + rng.below(300) as usize,
+    let small = decode_stream(data, || match rng.below(8) {
+        0..=2 => 1 + rng.below(3) as usize,
+        3..=5 => HEADER_LEN - 2 + rng.below(5) as usize,
+        _ => 1 + rng.below(64) as usize,
     });
-    assert_eq!(chunked, whole, "random chunks");
+    assert_eq!(small, whole, "small pieces");
+    let large = decode_stream(data, || 1 + rng.below(1_500) as usize);
+    assert_eq!(large, whole, "large pieces");
 }
 
 fn check_hello(data: &[u8]) {

@@ -221,8 +221,9 @@ async fn flows_keep_their_definition_and_results_are_stored_once() {
         2
     );
 
-    // Every node has to acknowledge a generation before its flows are ready.
-    let ready = store.ready_generation(id).await.expect("ready");
-    assert_eq!(ready, Some(0));
+    // Every node has to acknowledge a generation, and every link be up, before
+    // its flows are ready.
+    let ready = store.readiness(id).await.expect("ready");
+    assert_eq!((ready.acked, ready.links_up, ready.ready()), (0, false, 0));
     drop(db);
 }

@@ -78,8 +78,9 @@ impl phy::Device for VirtualDevice {
     }
 
     fn transmit(&mut self, _: Instant) -> Option<TxToken<'_>> {
-        // Never refuses: the outbox is drained after every poll, and smoltcp
-        // emits at most a window's worth per socket per poll.
+        // Never refuses: smoltcp walks its sockets in the same order on every
+        // poll, so a budget here would let the first ones starve the rest. The
+        // driver paces the hand-over to the processors instead.
         Some(TxToken(&mut self.tx))
     }
 

@@ -28,6 +28,8 @@ const INBOX: usize = 8192;
 const INTAKE_BATCH: usize = 1024;
 /// How soon an instance that found no free port tries again.
 const PORT_RETRY: Duration = Duration::from_millis(10);
+/// Packets handed to the processors between two yields.
+const DISPATCH_BATCH: usize = 128;
 /// Sleep when nothing is scheduled; any command or packet wakes the driver.
 const IDLE: Duration = Duration::from_secs(3600);
 
@@ -204,7 +206,7 @@ impl Driver {
             let out = self.stack.poll(now);
             self.finished(out.finished);
             self.received(out.received);
-            for p in out.packets {
+            for (i, p) in out.packets.into_iter().enumerate() {
                 self.processors
                     .dispatch(Packet {
                         data: p.data,
@@ -212,6 +214,12 @@ impl Driver {
                         hops: 0,
                     })
                     .await;
+                // A poll can release thousands of packets at once. The first
+                // link's hand-off queue drops what it cannot hold, so let the
+                // processors and links on this worker catch up between batches.
+                if (i + 1) % DISPATCH_BATCH == 0 {
+                    tokio::task::yield_now().await;
+                }
             }
         }
     }
@@ -368,6 +376,10 @@ impl Driver {
             let fct_us = f
                 .finished
                 .map(|t| t.saturating_duration_since(f.started).as_micros() as u64);
+            if let Some(us) = fct_us.filter(|_| f.error.is_none()) {
+                // The flow's name is its class on the agent's /metrics.
+                crate::metrics::observe_flow_completion(&f.flow.name, us as f64 / 1e6);
+            }
             outbox.push(pb::FlowResult {
                 flow: f.flow.name.to_string(),
                 defined_generation: f.flow.defined_generation,

@@ -6,6 +6,7 @@ use crate::store::{CounterRow, ReceivedRow, SentRow};
 use nextmini_proto::v1 as pb;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
 
@@ -53,6 +54,7 @@ pub(super) async fn run(
 ) {
     let (topology, node) = &key;
     let mut last_sequence = 0u64;
+    let mut flows = FlowStart::default();
     loop {
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
@@ -71,7 +73,7 @@ pub(super) async fn run(
                 }
                 // Read before and after: the ack that completes a generation is
                 // the one that makes its flows ready.
-                let ready_before = hub.inner.store.ready_generation(topology_id).await;
+                let ready_before = hub.inner.store.readiness(topology_id).await;
                 if let Err(e) = hub
                     .inner
                     .store
@@ -80,7 +82,10 @@ pub(super) async fn run(
                 {
                     tracing::warn!(error = %e, "storing ack failed");
                 }
-                announce_ready(&hub, id, &key, topology_id, ready_before.ok().flatten()).await;
+                let before = ready_before.ok().map(|r| r.ready());
+                if let Some(g) = announce_ready(&hub, id, &key, topology_id, before).await {
+                    flows.told = flows.told.max(g);
+                }
             }
             Some(pb::agent_message::Msg::Report(report)) => {
                 // A report replayed after a reconnect carries an old sequence.
@@ -97,6 +102,7 @@ pub(super) async fn run(
                     .map(|l| counter_row(topology_id, node, at, l))
                     .collect();
                 hub.inner.counters.push(rows).await;
+                flows.check(&hub, id, &key, topology_id).await;
             }
             // The agent keeps what was not confirmed and sends it again on its
             // next session.
@@ -164,13 +170,13 @@ async fn announce_ready(
     key: &SessionKey,
     topology_id: i64,
     before: Option<i64>,
-) {
-    let after = match hub.inner.store.ready_generation(topology_id).await {
-        Ok(Some(g)) if g > 0 => g,
-        Ok(_) => return,
+) -> Option<i64> {
+    let after = match hub.inner.store.readiness(topology_id).await {
+        Ok(r) if r.ready() > 0 => r.ready(),
+        Ok(_) => return None,
         Err(e) => {
             tracing::warn!(error = %e, "reading the ready generation failed");
-            return;
+            return None;
         }
     };
     let ready = || {
@@ -188,6 +194,59 @@ async fn announce_ready(
         }
     } else if let Some(entry) = sessions.get(key).filter(|e| e.id == id) {
         entry.send(ready());
+    }
+    Some(after)
+}
+
+/// How long flows wait for links that do not come up before starting anyway.
+const LINK_WAIT: Duration = Duration::from_secs(5);
+
+/// What a session told its agent about starting flows. Agents acknowledge a
+/// config before their links have dialled, so the ack that completes a
+/// generation may come too early: then each agent's reports poll until the
+/// links are up (or `LINK_WAIT` passed), and no moment is missed.
+#[derive(Default)]
+struct FlowStart {
+    /// The last FlowsReady generation sent to this agent.
+    told: i64,
+    /// Since when every agent runs the flows' generation but links are down.
+    waiting: Option<Instant>,
+}
+
+impl FlowStart {
+    async fn check(&mut self, hub: &Hub, id: u64, key: &SessionKey, topology_id: i64) {
+        let needed = hub
+            .inner
+            .views
+            .lock()
+            .await
+            .get(&key.0)
+            .and_then(|v| v.plan.flows.iter().map(|f| f.defined_generation).max())
+            .unwrap_or(0);
+        if needed == 0 || self.told >= needed {
+            return;
+        }
+        let Ok(r) = hub.inner.store.readiness(topology_id).await else {
+            return;
+        };
+        if r.acked < needed {
+            self.waiting = None;
+            return;
+        }
+        if !r.links_up {
+            let since = *self.waiting.get_or_insert_with(Instant::now);
+            if since.elapsed() < LINK_WAIT {
+                return;
+            }
+            tracing::warn!(topology = %key.0, node = %key.1, "links still down after {LINK_WAIT:?}; starting flows anyway");
+        }
+        let sessions = hub.inner.sessions.lock().await;
+        if let Some(entry) = sessions.get(key).filter(|e| e.id == id) {
+            entry.send(pb::controller_message::Msg::FlowsReady(pb::FlowsReady {
+                generation: r.acked as u64,
+            }));
+            self.told = r.acked;
+        }
     }
 }
 

@@ -174,3 +174,15 @@ fn csv_sizes_name_the_bad_line() {
     assert_eq!(web.first(), Some(&(0, 0.0)));
     assert_eq!(web.last(), Some(&(30_000_000, 1.0)));
 }
+
+#[test]
+fn the_flows_example_plans() {
+    let p = plan(
+        "flows.yaml",
+        include_str!("../../../manifests/examples/flows.yaml"),
+    );
+    assert_eq!(p.flows.len(), 3);
+    let web = p.flows.iter().find(|f| f.name == "web").expect("web");
+    // 30% of 100 Mbit/s over the web-search mean: 2.19 arrivals per second.
+    assert_eq!(web.params.mean_interarrival_us, Some(456_333));
+}

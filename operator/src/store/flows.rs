@@ -280,14 +280,38 @@ pub(super) async fn record_received(
     Ok(done.rows_affected())
 }
 
-/// The lowest generation every node of the topology has acknowledged.
-pub(super) async fn ready_generation(pool: &PgPool, topology_id: i64) -> Result<Option<i64>> {
-    Ok(
-        sqlx::query_scalar("SELECT min(acked_generation) FROM nodes WHERE topology_id = $1")
-            .bind(topology_id)
-            .fetch_one(pool)
-            .await?,
+/// How far a topology is for its flows to start.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Readiness {
+    /// The lowest generation every node has acknowledged.
+    pub acked: i64,
+    /// Whether both ends of every link last reported it connected. Agents
+    /// acknowledge a config before their links have dialled, and a flow that
+    /// started then would wait for them inside its first completion time.
+    pub links_up: bool,
+}
+
+impl Readiness {
+    /// The generation whose flows may start now (0: none yet).
+    pub fn ready(&self) -> i64 {
+        if self.links_up { self.acked } else { 0 }
+    }
+}
+
+pub(super) async fn readiness(pool: &PgPool, topology_id: i64) -> Result<Readiness> {
+    let row = sqlx::query(
+        "SELECT COALESCE((SELECT min(acked_generation) FROM nodes WHERE topology_id = $1), 0) AS acked, \
+           NOT EXISTS (SELECT 1 FROM links l WHERE l.topology_id = $1 AND \
+             (SELECT count(*) FROM link_counters c WHERE c.topology_id = $1 AND c.link = l.name \
+                AND c.connected AND (c.node = l.dialer OR c.node = l.acceptor)) < 2) AS links_up",
     )
+    .bind(topology_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(Readiness {
+        acked: row.get("acked"),
+        links_up: row.get("links_up"),
+    })
 }
 
 /// Stored results, by topology, flow and instance; `None` filters nothing.

@@ -12,7 +12,7 @@ mod routes;
 mod status;
 
 pub use counters::CounterRow;
-pub use flows::{FlowResultRow, FlowRow, ReceivedRow, SentRow, flow_status, route_name};
+pub use flows::{FlowResultRow, FlowRow, Readiness, ReceivedRow, SentRow, flow_status, route_name};
 pub use identity::LinkIdentity;
 pub use routes::{RouteRow, RouteRuleRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
@@ -236,10 +236,10 @@ impl Store {
         flows::record_received(&self.pool, topology_id, rows).await
     }
 
-    /// The lowest generation every node of the topology has acknowledged: flows
-    /// defined in it or before may start.
-    pub async fn ready_generation(&self, topology_id: i64) -> Result<Option<i64>> {
-        flows::ready_generation(&self.pool, topology_id).await
+    /// The lowest generation every node of the topology has acknowledged, and
+    /// whether its links are up: flows defined in it or before may start.
+    pub async fn readiness(&self, topology_id: i64) -> Result<Readiness> {
+        flows::readiness(&self.pool, topology_id).await
     }
 
     /// Stored flow results, optionally of one topology and one flow.
