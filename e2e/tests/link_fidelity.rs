@@ -67,6 +67,15 @@ fn links_match_their_configuration() {
         "|---|---|---|---|".into(),
     ];
 
+    // The machine's own capacity through two agents, unshaped, measured in the
+    // same run: a rate the machine cannot carry with headroom says nothing about
+    // the shaper (Mininet-HiFi's lesson), so there only "never above" is checked.
+    let capacity = tcp_goodput(&iperf3(&env, "a", &["-c", "b", "-t", "4", "-O", "1"]));
+    table.push(format!(
+        "| capacity, unshaped | - | {:.2} Mbit/s | - |",
+        capacity / 1e6
+    ));
+
     // Rate: TCP goodput against the configured IP rate, less TCP/IP headers.
     for mbit in [10u64, 100, 500] {
         apply(
@@ -84,11 +93,22 @@ fn links_match_their_configuration() {
             measured / 1e6,
             error * 100.0
         ));
-        assert!(
-            error.abs() <= 0.03,
-            "rate {mbit} Mbit/s: goodput {measured:.0} vs {expected:.0} ({:+.2}%)",
-            error * 100.0
-        );
+        if capacity >= 1.25 * expected {
+            assert!(
+                error.abs() <= 0.03,
+                "rate {mbit} Mbit/s: goodput {measured:.0} vs {expected:.0} ({:+.2}%)",
+                error * 100.0
+            );
+        } else {
+            println!(
+                "rate {mbit} Mbit/s: the machine carries only {:.0} Mbit/s unshaped; checking that the shaper never exceeds the rate",
+                capacity / 1e6
+            );
+            assert!(
+                error <= 0.03,
+                "rate {mbit} Mbit/s: goodput {measured:.0} above {expected:.0}"
+            );
+        }
     }
 
     // Delay: ping RTT against twice the one-way delay plus the unloaded baseline.
