@@ -177,7 +177,8 @@ impl Drop for Env {
             let _ = child.kill();
             let _ = child.wait();
         }
-        let _ = self.run(&["down"]);
+        // `--all`: whatever a failed test left, the next suite starts clean.
+        let _ = self.run(&["down", "--all"]);
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }
