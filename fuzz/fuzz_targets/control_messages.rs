@@ -25,7 +25,7 @@ use std::net::{IpAddr, Ipv4Addr};
 const DEFAULT_MTU: u32 = 1400;
 /// Pipelines run per input, and packets offered to each.
 const RUNS: usize = 3;
-const PACKETS: usize = 48;
+const PACKETS: usize = 32;
 
 fuzz_target!(|data: &[u8]| {
     let mut rng = Rng::from_bytes(data);
