@@ -256,7 +256,8 @@ fn line3_end_to_end() {
         kill9(env.postgres_pid().expect("postgres pid"));
         std::thread::sleep(Duration::from_millis(500));
         if round == 0 {
-            env.ok(&["down"]);
+            let out = env.ok(&["down"]);
+            println!("down after kill -9:\n{out}");
             assert_nothing_left(&env, "after down following kill -9");
         }
     }

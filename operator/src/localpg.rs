@@ -121,8 +121,11 @@ impl LocalPg {
         self.clear_stale_lock();
         if !self.is_running() {
             let log = self.data.join("server.log");
+            // fsync=off risks data only when the machine itself crashes; commits
+            // stay synchronous so a killed PostgreSQL never forgets a topology
+            // that `up` reported as running (`down` would then leave it behind).
             let options = format!(
-                "-k {} -p {} -c listen_addresses='' -c max_connections=200 -c fsync=off -c synchronous_commit=off",
+                "-k {} -p {} -c listen_addresses='' -c max_connections=200 -c fsync=off",
                 self.socket_dir.display(),
                 self.port
             );

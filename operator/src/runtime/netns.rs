@@ -35,6 +35,19 @@ impl NetnsRuntime {
         })
     }
 
+    /// Topologies this state directory made nodes for (one credential
+    /// directory each, removed by tear-down).
+    pub fn topologies_with_credentials(&self) -> Vec<String> {
+        std::fs::read_dir(self.state_dir.join("credentials"))
+            .map(|dir| {
+                dir.filter_map(|e| e.ok())
+                    .filter(|e| e.path().is_dir())
+                    .filter_map(|e| e.file_name().into_string().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
     fn credential_dir(&self, topology: &str) -> PathBuf {
         self.state_dir.join("credentials").join(topology)
     }

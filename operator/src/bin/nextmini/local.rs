@@ -213,9 +213,18 @@ impl Local {
         } else {
             None
         };
-        let names = match (&store, topologies.is_empty()) {
-            (Some(s), true) => s.topology_names().await?,
-            _ => topologies.to_vec(),
+        let names = if topologies.is_empty() {
+            // The store and the credentials this state directory wrote both
+            // name its topologies; either alone can be behind after a crash.
+            let mut names = runtime.topologies_with_credentials();
+            if let Some(s) = &store {
+                names.extend(s.topology_names().await?);
+            }
+            names.sort();
+            names.dedup();
+            names
+        } else {
+            topologies.to_vec()
         };
         for t in &names {
             // Rows first: the hub's supervisor restarts only agents of nodes it
