@@ -8,7 +8,7 @@ use super::build::{self, hash_of};
 use super::status::{self, Observed, Planning};
 use super::validate::{self, Invalid, Validated};
 use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
-use crate::api::{ConditionStatus, Link, LinkStatus, Topology, TopologyStatus};
+use crate::api::{ConditionStatus, Topology, TopologyStatus};
 use crate::plan::Manifest;
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -43,7 +43,9 @@ pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Err
     apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
     sync_pods(topology, ctx, &validated).await?;
     let observed = observe(ctx, &namespace, &name, generation).await?;
-    link_statuses(ctx, &manifest, &name).await?;
+    super::members::adopt(ctx, topology, &manifest).await?;
+    super::members::link_statuses(ctx, &manifest, &name).await?;
+    super::members::flow_statuses(ctx, &manifest, &name).await?;
     let ready = write_status(topology, ctx, Planning::Planned, Some(&observed)).await?;
     Ok(Action::requeue(if ready {
         READY_RECHECK
@@ -367,47 +369,6 @@ fn pod_problem(pod: &Pod) -> Option<String> {
             .contains(&reason)
             .then(|| format!("{} container {}: {reason}", pod.name_any(), c.name))
     })
-}
-
-/// `status.up` of each Link object, written only when it changed.
-async fn link_statuses(ctx: &Context, manifest: &Manifest, topology: &str) -> Result<(), Error> {
-    if manifest.links.is_empty() {
-        return Ok(());
-    }
-    let Some(row) = ctx.store.status(topology).await? else {
-        return Ok(());
-    };
-    let up: HashMap<&str, bool> = row
-        .links
-        .iter()
-        .map(|l| (l.name.as_str(), l.connected))
-        .collect();
-    for doc in &manifest.links {
-        let link = &doc.object;
-        let now_up = up.get(link.name_any().as_str()).copied().unwrap_or(false);
-        let current = link.status.as_ref();
-        if current
-            .is_some_and(|s| s.up == now_up && s.observed_generation == link.metadata.generation)
-        {
-            continue;
-        }
-        let status = LinkStatus {
-            observed_generation: link.metadata.generation,
-            up: now_up,
-            conditions: vec![],
-        };
-        let api =
-            Api::<Link>::namespaced(ctx.client.clone(), &link.namespace().unwrap_or_default());
-        let patch =
-            json!({"apiVersion": crate::api::API_VERSION, "kind": "Link", "status": status});
-        api.patch_status(
-            &link.name_any(),
-            &PatchParams::apply(MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    }
-    Ok(())
 }
 
 /// Writes the status when it changed (ignoring transition times) and

@@ -11,6 +11,7 @@
 pub mod apply;
 pub mod build;
 pub mod fetch;
+pub mod members;
 pub mod status;
 pub mod validate;
 
