@@ -90,3 +90,25 @@ kind:
 		--set image.repository=$(IMAGE_REPO) --set image.tag=$(IMAGE_TAG) \
 		--set image.pullPolicy=Never --wait
 	@echo "kind: try  kubectl apply -f manifests/examples/line3.yaml && kubectl wait --for=condition=Ready topology/line3 --timeout=180s"
+
+# A real single-node Kubernetes built from source, without Docker or a registry
+# (e2e/cluster/README.md): build into /var/cache/nextmini/k8s, start, stop, and the
+# project's images imported into its containerd. KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig.
+.PHONY: cluster-build cluster-up cluster-down images cluster-smoke
+
+cluster-build:
+	@e2e/cluster/build.sh
+
+cluster-up: cluster-build
+	@e2e/cluster/up.sh
+
+cluster-down:
+	@e2e/cluster/down.sh
+
+# Images from NEXTMINI_BIN_DIR (default target/release) and Debian's packages.
+images:
+	@e2e/cluster/images.sh
+
+# up, pods with TUN/Service/DNS/owner cascade, down, and nothing left behind.
+cluster-smoke: cluster-build
+	@e2e/cluster/smoke.sh

@@ -95,8 +95,8 @@ done | sort -u)
 say "$REF: $(wc -l <"$ELVES") ELF files, $nlibs shared libraries"
 
 mkdir -p "$(dirname "$OUT")"
-# shellcheck disable=SC2012
-(cd "$ROOT" && tar --numeric-owner --sort=name --mtime=@0 -cf "$STAGE/layer.tar" $(ls -A))
+mapfile -t entries < <(ls -A "$ROOT")
+tar -C "$ROOT" --numeric-owner --sort=name --mtime=@0 -cf "$STAGE/layer.tar" "${entries[@]}"
 args=(--ref "$REF" --out "$OUT.tmp" --layer "$STAGE/layer.tar")
 [[ -n $ENTRYPOINT ]] && args+=(--entrypoint "$ENTRYPOINT")
 [[ -n $CMD ]] && args+=(--cmd "$CMD")

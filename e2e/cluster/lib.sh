@@ -1,5 +1,5 @@
 # Shared settings and helpers for the e2e/cluster scripts. Sourced, not run.
-# shellcheck shell=bash
+# shellcheck shell=bash disable=SC2034
 
 CACHE=${NEXTMINI_K8S_CACHE:-/var/cache/nextmini/k8s}
 STATE=${NEXTMINI_K8S_STATE:-/var/lib/nextmini-k8s}
@@ -29,7 +29,6 @@ POD_GW=198.19.192.1
 SERVICE_CIDR=198.19.224.0/20
 KUBERNETES_SVC_IP=198.19.224.1
 DNS_IP=198.19.224.10
-CLUSTER_CIDR=198.19.192.0/18
 NODE_NAME=${NEXTMINI_K8S_NODE_NAME:-nextmini-node}
 
 CONTAINERD_SOCK=$STATE/containerd/containerd.sock

@@ -103,15 +103,15 @@ ip link set "$NODE_BRIDGE" up
 # Service addresses never leave the machine, even with no endpoints.
 ip route add "$SERVICE_CIDR" dev "$NODE_BRIDGE"
 # Nothing from outside reaches the node IP, and pods reach nothing outside the
-# cluster's own range.
+# benchmarking range 198.18.0.0/15 (the cluster's and the topologies' addresses).
 iptables -w -N NMK8S-INPUT
 iptables -w -A NMK8S-INPUT -i lo -j RETURN
 iptables -w -A NMK8S-INPUT -i "$POD_BRIDGE" -j RETURN
 iptables -w -A NMK8S-INPUT -j DROP
 iptables -w -I INPUT -d "$NODE_IP" -j NMK8S-INPUT
 iptables -w -N NMK8S-FORWARD
-iptables -w -A NMK8S-FORWARD -i "$POD_BRIDGE" -d 198.19.128.0/17 -j ACCEPT
-iptables -w -A NMK8S-FORWARD -o "$POD_BRIDGE" -s 198.19.128.0/17 -j ACCEPT
+iptables -w -A NMK8S-FORWARD -i "$POD_BRIDGE" -d 198.18.0.0/15 -j ACCEPT
+iptables -w -A NMK8S-FORWARD -o "$POD_BRIDGE" -s 198.18.0.0/15 -j ACCEPT
 iptables -w -A NMK8S-FORWARD -i "$POD_BRIDGE" -j DROP
 iptables -w -A NMK8S-FORWARD -o "$POD_BRIDGE" -j DROP
 iptables -w -I FORWARD -j NMK8S-FORWARD
