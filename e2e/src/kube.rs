@@ -104,6 +104,16 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// The API server's version (`v1.30.14`), for `helm template --kube-version`.
+    pub fn server_version(&self) -> String {
+        let out = self.ok(&["version", "-o", "json"]);
+        let v: serde_json::Value = serde_json::from_str(&out).expect("kubectl version -o json");
+        v["serverVersion"]["gitVersion"]
+            .as_str()
+            .expect("serverVersion.gitVersion")
+            .to_string()
+    }
+
     /// Polls `check` every 500 ms until it holds or `timeout` passes.
     pub fn wait_for(&self, what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + timeout;
@@ -129,12 +139,10 @@ impl Cluster {
             "exec",
             &format!("statefulset/{}-postgresql", self.release),
             "--",
-            "psql",
-            "-U",
-            "nextmini",
-            "-d",
-            "nextmini",
-            "-tAc",
+            "sh",
+            "-c",
+            r#"PGPASSWORD="$POSTGRES_PASSWORD" exec psql -h 127.0.0.1 -U "$POSTGRES_USER" -d "$POSTGRES_DB" -tAc "$1""#,
+            "sh",
             sql,
         ])
         .trim()

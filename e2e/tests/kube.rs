@@ -99,6 +99,7 @@ fn operator_runs_line3_on_a_real_cluster() {
     let values = values.to_str().expect("path");
 
     // The rendered chart passes the API server's own schema checks.
+    let version = c.server_version();
     let rendered = c.helm_ok(&[
         "template",
         &c.release,
@@ -106,6 +107,8 @@ fn operator_runs_line3_on_a_real_cluster() {
         "-f",
         values,
         "--include-crds",
+        "--kube-version",
+        &version,
     ]);
     let dry = c.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
     assert!(
@@ -114,6 +117,15 @@ fn operator_runs_line3_on_a_real_cluster() {
         String::from_utf8_lossy(&dry.stderr)
     );
 
+    // Helm installs CRDs but never upgrades them; a cluster that ran an older
+    // chart gets the current ones the way Helm documents.
+    c.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        repo_path("crds/nextmini.yaml").to_str().expect("path"),
+    ]);
     let t = Instant::now();
     c.helm_ok(&[
         "install",
@@ -254,7 +266,7 @@ fn operator_runs_line3_on_a_real_cluster() {
     // A broken Topology says why, and line3 keeps running.
     let refused = c.kubectl_stdin(
         &["apply", "-f", "-"],
-        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: two-shapes}\nspec:\n  generator: {ring: {n: 3}, line: {n: 3}}\n",
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: two-shapes}\nspec:\n  generator: {ring: {nodes: 3}, line: {nodes: 3}}\n",
     );
     assert!(
         !refused.status.success(),
@@ -345,6 +357,11 @@ fn operator_runs_line3_on_a_real_cluster() {
     println!(
         "kubectl delete topology line3: everything gone in {:.1} s",
         t.elapsed().as_secs_f64()
+    );
+    c.wait_for(
+        "line3's Link objects to go with it (owner references)",
+        Duration::from_secs(60),
+        || c.ok(&["get", "links", "-o", "name"]).trim().is_empty(),
     );
     let gone = c.kubectl(&["get", "topology", "line3"]);
     assert!(

@@ -17,9 +17,50 @@ pub fn crd_yaml() -> String {
         let yaml = serde_norway::to_string(&crd)
             .expect("a CustomResourceDefinition always serializes to YAML");
         out.push_str("---\n");
-        out.push_str(&yaml);
+        for line in yaml.lines() {
+            out.push_str(&quote_yaml11_booleans(line));
+            out.push('\n');
+        }
     }
     out
+}
+
+/// Words YAML 1.1 reads as booleans. kubectl and Helm parse YAML 1.1, so a
+/// field named `n` written bare (as a key, or in a `required` list) would
+/// reach the API server as `false`.
+const YAML11_BOOLEANS: &[&str] = &[
+    "y", "Y", "yes", "Yes", "YES", "n", "N", "no", "No", "NO", "on", "On", "ON", "off", "Off",
+    "OFF",
+];
+
+fn quote_yaml11_booleans(line: &str) -> String {
+    let indent = line.len() - line.trim_start().len();
+    let (lead, rest) = line.split_at(indent);
+    let (dash, rest) = match rest.strip_prefix("- ") {
+        Some(r) => ("- ", r),
+        None => ("", rest),
+    };
+    let quote = |w: &str| {
+        if YAML11_BOOLEANS.contains(&w) {
+            format!("'{w}'")
+        } else {
+            w.to_string()
+        }
+    };
+    match rest.split_once(':') {
+        Some((key, value))
+            if !key.contains(' ') && (value.is_empty() || value.starts_with(' ')) =>
+        {
+            let value = value.trim_start();
+            let value = if value.is_empty() {
+                String::new()
+            } else {
+                format!(" {}", quote(value))
+            };
+            format!("{lead}{dash}{}:{value}", quote(key))
+        }
+        _ => format!("{lead}{dash}{}", quote(rest)),
+    }
 }
 
 /// Writes `dir/nextmini.yaml` (creating `dir` if needed) and returns its path.
@@ -38,6 +79,32 @@ mod tests {
         Path::new(env!("CARGO_MANIFEST_DIR"))
             .join("../crds")
             .join(FILE_NAME)
+    }
+
+    #[test]
+    fn yaml11_booleans_are_quoted_and_nothing_else_changes() {
+        assert_eq!(quote_yaml11_booleans("      - n"), "      - 'n'");
+        assert_eq!(quote_yaml11_booleans("        n:"), "        'n':");
+        assert_eq!(quote_yaml11_booleans("  type: on"), "  type: 'on'");
+        assert_eq!(quote_yaml11_booleans("  - name: y"), "  - name: 'y'");
+        for same in [
+            "  required:",
+            "  - name",
+            "  x: true",
+            "  description: say no more",
+            "  - nodes",
+        ] {
+            assert_eq!(quote_yaml11_booleans(same), same);
+        }
+        let yaml = crd_yaml();
+        for line in yaml.lines() {
+            let t = line.trim_start().trim_start_matches("- ");
+            let word = t.strip_suffix(':').unwrap_or(t);
+            assert!(
+                !YAML11_BOOLEANS.contains(&word),
+                "bare YAML 1.1 boolean: {line}"
+            );
+        }
     }
 
     #[test]

@@ -254,13 +254,13 @@ with_link_params! {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 #[x_kube(validation = Rule::new("(has(self.ring) ? 1 : 0) + (has(self.line) ? 1 : 0) + (has(self.star) ? 1 : 0) + (has(self.fatTree) ? 1 : 0) == 1").message("set exactly one of ring, line, star, fatTree"))]
 pub struct GeneratorSpec {
-    /// `n` nodes in a cycle: n0-n1, ..., n{n-1}-n0 (n >= 3).
+    /// `nodes` nodes in a cycle: n0-n1, ..., n{N-1}-n0 (at least 3).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<CountSpec>,
-    /// `n` nodes in a chain: n0-n1, ..., n{n-2}-n{n-1}.
+    /// `nodes` nodes in a chain: n0-n1, ..., n{N-2}-n{N-1}.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub line: Option<CountSpec>,
-    /// Hub n0 linked to n1..n{n-1}.
+    /// Hub n0 linked to n1..n{N-1}.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub star: Option<CountSpec>,
     /// A k-ary fat tree: core-i, agg-p-i, edge-p-i and host-p-e-h nodes (k even).
@@ -272,9 +272,9 @@ pub struct GeneratorSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CountSpec {
-    /// Number of nodes.
+    /// Number of nodes (named `nodes`, not `n`: YAML 1.1 tools such as kubectl read a bare `n` as false).
     #[schemars(range(min = 1, max = 65534))]
-    pub n: u32,
+    pub nodes: u32,
 }
 
 /// Size of a fat tree.

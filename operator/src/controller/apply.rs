@@ -64,11 +64,8 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error
     {
         ctx.store.delete_topology(&name).await?;
     }
-    let selector = ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={name}"));
-    let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
-    pods_api
-        .delete_collection(&DeleteParams::default(), &selector)
-        .await?;
+    // One by one: the operator's role may delete pods, not collections.
+    delete_pods(ctx, &namespace, &name, |_| true).await?;
     ignore_missing(
         Api::<Service>::namespaced(ctx.client.clone(), &namespace)
             .delete(&pods::service_name(&name), &DeleteParams::default())

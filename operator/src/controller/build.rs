@@ -153,11 +153,14 @@ fn agent_pod(
             value: Some(settings.agent_log.clone()),
             ..Default::default()
         }]),
+        // The TUN device needs NET_ADMIN and nothing else.
         security_context: Some(SecurityContext {
             capabilities: Some(Capabilities {
                 add: Some(vec!["NET_ADMIN".into()]),
-                drop: None,
+                drop: Some(vec!["ALL".into()]),
             }),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
             ..SecurityContext::default()
         }),
         resources: resources(node),

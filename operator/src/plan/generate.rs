@@ -22,9 +22,9 @@ impl Shape {
     /// The one shape set in `spec`, or the reason it is not exactly one.
     pub fn of(spec: &GeneratorSpec) -> Result<Shape, String> {
         let set: Vec<(&str, Shape)> = [
-            spec.ring.as_ref().map(|c| ("ring", Shape::Ring(c.n))),
-            spec.line.as_ref().map(|c| ("line", Shape::Line(c.n))),
-            spec.star.as_ref().map(|c| ("star", Shape::Star(c.n))),
+            spec.ring.as_ref().map(|c| ("ring", Shape::Ring(c.nodes))),
+            spec.line.as_ref().map(|c| ("line", Shape::Line(c.nodes))),
+            spec.star.as_ref().map(|c| ("star", Shape::Star(c.nodes))),
             spec.fat_tree
                 .as_ref()
                 .map(|f| ("fatTree", Shape::FatTree(f.k))),
@@ -55,12 +55,12 @@ impl Shape {
         }
     }
 
-    /// Field holding the shape's size, e.g. `spec.generator.ring.n`.
+    /// Field holding the shape's size, e.g. `spec.generator.ring.nodes`.
     pub fn field(self) -> &'static str {
         match self {
-            Shape::Ring(_) => "spec.generator.ring.n",
-            Shape::Line(_) => "spec.generator.line.n",
-            Shape::Star(_) => "spec.generator.star.n",
+            Shape::Ring(_) => "spec.generator.ring.nodes",
+            Shape::Line(_) => "spec.generator.line.nodes",
+            Shape::Star(_) => "spec.generator.star.nodes",
             Shape::FatTree(_) => "spec.generator.fatTree.k",
         }
     }

@@ -453,7 +453,7 @@ fn ring6_generator_inline_links_and_defaults() {
 
 #[test]
 fn ring_routes_take_the_shorter_way_round() {
-    let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: r}\nspec: {generator: {ring: {n: 6}}}\n";
+    let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: r}\nspec: {generator: {ring: {nodes: 6}}}\n";
     let p = plan("ring.yaml", text);
     let hops = next_hops(&p);
     assert_eq!(hop(&hops, "n0", "n2"), Some("n0-n1"));
@@ -524,7 +524,7 @@ fn fat_tree_routes_have_textbook_lengths() {
 fn thousand_node_line_and_ring_plan_quickly() {
     for (shape, far, first_link) in [("line", "n999", "n0-n1"), ("ring", "n600", "n999-n0")] {
         let text = format!(
-            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: big}}\nspec: {{generator: {{{shape}: {{n: 1000}}}}}}\n"
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: big}}\nspec: {{generator: {{{shape}: {{nodes: 1000}}}}}}\n"
         );
         let started = Instant::now();
         let p = plan("big.yaml", &text);
@@ -719,13 +719,13 @@ fn generator_rules() {
     expect(
         &errors,
         &doc(3, "tiny-ring"),
-        "spec.generator.ring.n",
+        "spec.generator.ring.nodes",
         "a ring needs at least 3 nodes, got 2",
     );
     expect(
         &errors,
         &doc(4, "too-big"),
-        "spec.generator.line.n",
+        "spec.generator.line.nodes",
         "300 nodes do not fit the address pools: the overlay pool 10.1.0.0/24 holds 254",
     );
     expect(

@@ -81,8 +81,10 @@ async fn main() -> anyhow::Result<()> {
         agent_log: args.agent_log,
     };
     ready.store(true, Ordering::Relaxed);
-    tracing::info!(namespace = ?args.namespace, "operator started");
-    controller::run(client, store, settings, args.namespace).await;
+    // An empty value (a chart leaving the variable blank) means all namespaces.
+    let namespace = args.namespace.filter(|ns| !ns.is_empty());
+    tracing::info!(namespace = ?namespace, "operator started");
+    controller::run(client, store, settings, namespace).await;
     hub_task.abort();
     tracing::info!("operator stopped");
     Ok(())
