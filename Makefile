@@ -5,7 +5,7 @@ PROFILE ?= release
 BIN := target/$(PROFILE)/nextmini
 EXAMPLE ?= manifests/examples/line3.yaml
 
-.PHONY: setup build run demo test lint unit e2e crds down clean fuzz bench
+.PHONY: setup build run demo test test-kube lint unit e2e crds down clean fuzz bench
 
 setup:
 	@scripts/setup.sh
@@ -17,12 +17,34 @@ build: setup
 run: build
 	@scripts/demo.sh $(BIN) $(EXAMPLE)
 
-# Everything CI runs: formatting, lints, unit and end-to-end tests. The e2e suites
+# Everything CI runs: formatting, lints, unit and end-to-end tests in local
+# namespace mode, the Python package, then the operator on a real Kubernetes
+# cluster built from source (cached in /var/cache/nextmini/k8s). The e2e suites
 # drive release binaries: link fidelity is measured at the speeds users get.
-test: setup lint
+# Every stage runs even when an earlier one failed; the exit status says
+# whether all passed.
+test: setup lint cluster-build
 	$(CARGO) build --workspace --release --bins
-	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1
-	NEXTMINI_BIN=$(CURDIR)/target/release/nextmini python3 -m pytest -q python/tests
+	@status=0; \
+	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1 || status=1; \
+	NEXTMINI_BIN=$(CURDIR)/target/release/nextmini python3 -m pytest -q python/tests || status=1; \
+	$(MAKE) --no-print-directory test-kube || status=1; \
+	if [ $$status -ne 0 ]; then echo "make test: some stage failed (see above)"; fi; \
+	exit $$status
+
+# The cluster suite alone: starts the local cluster, imports the images, runs
+# e2e/tests/kube.rs and stops the cluster again, also when the suite fails.
+# With KUBECONFIG_EXTERNAL set, runs against that cluster instead.
+test-kube:
+	@if [ -n "$$KUBECONFIG_EXTERNAL" ]; then \
+	  KUBECONFIG=$$KUBECONFIG_EXTERNAL $(CARGO) test -p nextmini-e2e --test kube -- --ignored --nocapture; \
+	else \
+	  status=0; \
+	  e2e/cluster/up.sh && NEXTMINI_BIN_DIR=$(CURDIR)/target/release e2e/cluster/images.sh && \
+	  KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test -p nextmini-e2e --test kube -- --ignored --nocapture || status=1; \
+	  e2e/cluster/down.sh; \
+	  exit $$status; \
+	fi
 
 lint:
 	$(CARGO) fmt --all -- --check
