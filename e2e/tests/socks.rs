@@ -122,8 +122,7 @@ fn link_bytes(env: &Env, topology: &str, link: &str, node: &str) -> i64 {
 
 /// One series of an agent's metrics, read from its Unix socket.
 fn agent_metric(env: &Env, topology: &str, node: &str, series: &str, label: &str) -> f64 {
-    let socket =
-        nextmini_operator::observe::sockets::agent_socket(&env.state_dir, topology, node);
+    let socket = nextmini_operator::observe::sockets::agent_socket(&env.state_dir, topology, node);
     let out = Command::new("curl")
         .args(["-sS", "--unix-socket"])
         .arg(&socket)
@@ -153,11 +152,7 @@ fn socks_normal_max_and_auth() {
 
     // Two servers on one address: refused, naming the field.
     let clash = env.state_dir.join("clash.yaml");
-    std::fs::write(
-        &clash,
-        manifest(&topology, &[normal, normal, auth]),
-    )
-    .expect("manifest");
+    std::fs::write(&clash, manifest(&topology, &[normal, normal, auth])).expect("manifest");
     let out = env.run(&["up", "-f", clash.to_str().expect("path")]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "clashing SOCKS addresses accepted");
@@ -188,7 +183,10 @@ fn socks_normal_max_and_auth() {
         stderr.contains(&format!("127.0.0.1:{normal}")) && stderr.contains("socks"),
         "the error names the address: {stderr}"
     );
-    assert!(namespaces_of(&other).is_empty(), "the refused topology made namespaces");
+    assert!(
+        namespaces_of(&other).is_empty(),
+        "the refused topology made namespaces"
+    );
 
     let www = env.state_dir.join("www");
     std::fs::create_dir_all(&www).expect("www");
@@ -208,39 +206,66 @@ fn socks_normal_max_and_auth() {
     let probe = env.state_dir.join("probe");
     let proxy_normal = format!("socks5h://127.0.0.1:{normal}");
     let proxy_max = format!("socks5h://127.0.0.1:{max}");
-    env.wait_for("the HTTP server in c, through SOCKS", Duration::from_secs(20), || {
-        curl_via(&proxy_normal, "http://c:8000/", &probe)
-            .output()
-            .is_ok_and(|o| o.status.success())
-    });
+    env.wait_for(
+        "the HTTP server in c, through SOCKS",
+        Duration::from_secs(20),
+        || {
+            curl_via(&proxy_normal, "http://c:8000/", &probe)
+                .output()
+                .is_ok_and(|o| o.status.success())
+        },
+    );
 
     // (a) Normal mode: through the dataplane, so b's links carry the file.
     next_reports();
     let before = link_bytes(&env, &topology, "a-b", "b");
     let normal_mbps = fetch(&env, "normal", &proxy_normal, &expected);
-    env.wait_for("b's counters to show the file", Duration::from_secs(10), || {
-        link_bytes(&env, &topology, "a-b", "b") - before >= SIZE as i64
-    });
+    env.wait_for(
+        "b's counters to show the file",
+        Duration::from_secs(10),
+        || link_bytes(&env, &topology, "a-b", "b") - before >= SIZE as i64,
+    );
 
     // (b) Max mode: spliced hop by hop; the max-mode metric counts the bytes at
     // every agent on the path, and the links do not carry them.
     next_reports();
-    let links_before = link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
+    let links_before =
+        link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
     let max_before: Vec<f64> = ["a", "b", "c"]
         .iter()
-        .map(|n| agent_metric(&env, &topology, n, "nextmini_relay_bytes_total", "mode=\"max\""))
+        .map(|n| {
+            agent_metric(
+                &env,
+                &topology,
+                n,
+                "nextmini_relay_bytes_total",
+                "mode=\"max\"",
+            )
+        })
         .collect();
     let max_mbps = fetch(&env, "max", &proxy_max, &expected);
     next_reports();
-    let links_after = link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
+    let links_after =
+        link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
     for (i, node) in ["a", "b", "c"].iter().enumerate() {
-        let moved = agent_metric(&env, &topology, node, "nextmini_relay_bytes_total", "mode=\"max\"")
-            - max_before[i];
+        let moved = agent_metric(
+            &env,
+            &topology,
+            node,
+            "nextmini_relay_bytes_total",
+            "mode=\"max\"",
+        ) - max_before[i];
         assert!(
             moved >= SIZE as f64,
             "max-mode bytes at {node}: {moved} (expected the whole file)"
         );
-        let fallbacks = agent_metric(&env, &topology, node, "nextmini_relay_splice_fallbacks_total", "topology");
+        let fallbacks = agent_metric(
+            &env,
+            &topology,
+            node,
+            "nextmini_relay_splice_fallbacks_total",
+            "topology",
+        );
         assert_eq!(fallbacks, 0.0, "{node} fell back to copying");
     }
     assert!(
@@ -261,28 +286,55 @@ fn socks_normal_max_and_auth() {
             .expect("curl");
         assert!(!out.status.success(), "{what} was let in");
     }
-    let refused = agent_metric(&env, &topology, "a", "nextmini_relay_refused_total", "socks_auth");
+    let refused = agent_metric(
+        &env,
+        &topology,
+        "a",
+        "nextmini_relay_refused_total",
+        "socks_auth",
+    );
     assert!(refused >= 3.0, "refusals counted: {refused}");
-    let auth_mbps = fetch(&env, "username-password", &proxy_auth("alice:s3cret"), &expected);
+    let auth_mbps = fetch(
+        &env,
+        "username-password",
+        &proxy_auth("alice:s3cret"),
+        &expected,
+    );
 
-    // (d) Normal and max at the same time.
-    let spawn = |what: &str, proxy: &str| {
+    // (d) Normal and max at the same time. The normal transfer is slowed down
+    // (to about 0.7 s) so that the max one runs entirely while it does.
+    let spawn = |what: &str, proxy: &str, extra: &[&str]| {
         let out = env.state_dir.join(format!("both-{what}"));
-        (curl_via(proxy, "http://c:8000/big", &out).spawn().expect("curl"), out)
+        let mut cmd = curl_via(proxy, "http://c:8000/big", &out);
+        cmd.args(extra);
+        (cmd.spawn().expect("curl"), out)
     };
     let t = Instant::now();
-    let (mut normal_curl, normal_out) = spawn("normal", &proxy_normal);
-    let (mut max_curl, max_out) = spawn("max", &proxy_max);
+    let (mut normal_curl, normal_out) = spawn("normal", &proxy_normal, &["--limit-rate", "30M"]);
+    std::thread::sleep(Duration::from_millis(100));
+    let (mut max_curl, max_out) = spawn("max", &proxy_max, &[]);
     let max_done = max_curl.wait().expect("max curl");
-    let max_secs = t.elapsed().as_secs_f64();
+    let max_secs = t.elapsed().as_secs_f64() - 0.1;
+    let normal_running = normal_curl.try_wait().expect("normal curl").is_none();
     let normal_done = normal_curl.wait().expect("normal curl");
     let normal_secs = t.elapsed().as_secs_f64();
-    assert!(normal_done.success() && max_done.success(), "concurrent transfers failed");
-    assert_eq!(sha256_file(&normal_out), expected, "concurrent normal: corrupted");
+    assert!(
+        normal_done.success() && max_done.success(),
+        "concurrent transfers failed"
+    );
+    assert!(
+        normal_running,
+        "the max transfer did not overlap the normal one"
+    );
+    assert_eq!(
+        sha256_file(&normal_out),
+        expected,
+        "concurrent normal: corrupted"
+    );
     assert_eq!(sha256_file(&max_out), expected, "concurrent max: corrupted");
     let mbps = |secs: f64| SIZE as f64 * 8.0 / secs / 1e6;
     println!(
-        "concurrently: normal 20 MiB in {normal_secs:.2} s ({:.0} Mbit/s), max 20 MiB in {max_secs:.2} s ({:.0} Mbit/s)",
+        "concurrently: normal 20 MiB in {normal_secs:.2} s ({:.0} Mbit/s, curl limited to 30 MB/s), max 20 MiB in {max_secs:.2} s ({:.0} Mbit/s)",
         mbps(normal_secs),
         mbps(max_secs)
     );
@@ -291,9 +343,13 @@ fn socks_normal_max_and_auth() {
     );
 
     env.ok(&["down", &topology]);
-    assert!(namespaces_of(&topology).is_empty(), "namespaces left after down");
+    assert!(
+        namespaces_of(&topology).is_empty(),
+        "namespaces left after down"
+    );
     // The SOCKS addresses are free again.
     for port in [normal, max, auth] {
-        std::net::TcpListener::bind(("127.0.0.1", port)).expect("the SOCKS address is free after down");
+        std::net::TcpListener::bind(("127.0.0.1", port))
+            .expect("the SOCKS address is free after down");
     }
 }

@@ -638,13 +638,8 @@ fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
 fn socks_seeds() -> Vec<(&'static str, Vec<u8>)> {
     use nextmini_agent::maxmode::header::MaxHeader;
     use nextmini_agent::socks::handshake::{Request, Target, encode_request};
-    let request = |target: Target| {
-        encode_request(&Request {
-            command: 1,
-            target,
-        })
-        .expect("short name")
-    };
+    let request =
+        |target: Target| encode_request(&Request { command: 1, target }).expect("short name");
     let by_name = request(Target::Domain("c".into(), 8000));
     let by_v4 = request(Target::Addr("198.18.0.3:8000".parse().expect("addr")));
     let by_v6 = request(Target::Addr("[2001:db8::3]:443".parse().expect("addr")));
@@ -662,8 +657,14 @@ fn socks_seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("request-name", by_name.clone()),
         ("request-v4", by_v4),
         ("request-v6", by_v6),
-        ("session-noauth", [&[5, 1, 0][..], &by_name, b"GET / HTTP/1.1"].concat()),
-        ("session-userpass", [&[5, 1, 2][..], &credentials, &by_name].concat()),
+        (
+            "session-noauth",
+            [&[5, 1, 0][..], &by_name, b"GET / HTTP/1.1"].concat(),
+        ),
+        (
+            "session-userpass",
+            [&[5, 1, 2][..], &credentials, &by_name].concat(),
+        ),
         ("max-header", header.seal(&key, 1_000_000).to_vec()),
     ]
 }

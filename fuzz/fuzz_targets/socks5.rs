@@ -27,7 +27,10 @@ fuzz_target!(|data: &[u8]| {
         let bytes = encode_request(&request).expect("a parsed name fits in 255 bytes");
         assert_eq!(bytes, &data[..used], "request re-encodes to its bytes");
         // The reply for any code and a v4 or v6 address has a fixed shape.
-        let reply = handshake::reply(handshake::Reply::from_code(data[0]), "0.0.0.0:0".parse().expect("addr"));
+        let reply = handshake::reply(
+            handshake::Reply::from_code(data[0]),
+            "0.0.0.0:0".parse().expect("addr"),
+        );
         assert_eq!(reply.len(), 10);
     }
     check_sequence(data);
@@ -40,7 +43,11 @@ fn check<T: PartialEq + std::fmt::Debug>(data: &[u8], parse: fn(&[u8]) -> Parsed
     assert_eq!(parse(data), whole, "deterministic");
     match &whole {
         Ok(Some((_, used))) => {
-            assert!(*used > 0 && *used <= data.len(), "used {used} of {}", data.len());
+            assert!(
+                *used > 0 && *used <= data.len(),
+                "used {used} of {}",
+                data.len()
+            );
             // The message ends at `used`: what follows changes nothing.
             assert_eq!(parse(&data[..*used]), whole);
             for cut in 0..*used {
@@ -81,7 +88,11 @@ fn check_header(data: &[u8]) {
     match MaxHeader::decode_body(data) {
         Ok(h) => {
             assert!(data.len() >= BODY_LEN);
-            assert_eq!(h.encode_body(), data[..BODY_LEN], "header re-encodes to its bytes");
+            assert_eq!(
+                h.encode_body(),
+                data[..BODY_LEN],
+                "header re-encodes to its bytes"
+            );
             let sealed = h.seal(&key, 1_000_000);
             assert_eq!(MaxHeader::open(&sealed, &key, 1_000_000), Ok(h));
         }
@@ -91,7 +102,13 @@ fn check_header(data: &[u8]) {
     if data.len() == HEADER_LEN {
         let opened = MaxHeader::open(data, &key, 1_000_000);
         if let Ok(h) = opened {
-            assert_eq!(h.seal(&key, u64::from_be_bytes(data[BODY_LEN..BODY_LEN + 8].try_into().expect("8 bytes"))), data);
+            assert_eq!(
+                h.seal(
+                    &key,
+                    u64::from_be_bytes(data[BODY_LEN..BODY_LEN + 8].try_into().expect("8 bytes"))
+                ),
+                data
+            );
         }
     }
 }

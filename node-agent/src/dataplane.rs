@@ -329,7 +329,10 @@ impl Dataplane {
             tokio::spawn(crate::maxmode::serve(max, self.relay.clone()));
             tracing::info!(listen = %addr, "max-mode relay started");
         }
-        crate::socks::spawn(std::mem::take(&mut self.socks_listeners), self.relay.clone())?;
+        crate::socks::spawn(
+            std::mem::take(&mut self.socks_listeners),
+            self.relay.clone(),
+        )?;
         tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, "dataplane started");
         let context = LinkContext {
             processors,

@@ -201,9 +201,7 @@ impl Relay {
                 .map(|addr| NextHop::Relay { addr: *addr, label })
                 .ok_or("the next hop's link has no max-mode relay"),
             Decision::Drop(crate::routing::DropReason::NoRoute) => Err("no route"),
-            Decision::Drop(crate::routing::DropReason::UnknownLabel) => {
-                Err("unknown route label")
-            }
+            Decision::Drop(crate::routing::DropReason::UnknownLabel) => Err("unknown route label"),
         }
     }
 }
@@ -256,7 +254,11 @@ mod tests {
             view.resolve("198.18.0.2"),
             Some("198.18.0.2".parse().expect("ip"))
         );
-        assert_eq!(view.resolve("198.19.0.2"), None, "underlay is not reachable");
+        assert_eq!(
+            view.resolve("198.19.0.2"),
+            None,
+            "underlay is not reachable"
+        );
         assert_eq!(view.resolve("example.com"), None);
         assert_eq!(
             view.neighbours.get("a-b"),

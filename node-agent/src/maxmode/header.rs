@@ -164,7 +164,10 @@ mod tests {
         assert_eq!(MaxHeader::decode_body(&magic), Err(HeaderError::Magic));
         let mut version = sealed;
         version[4] = 2;
-        assert_eq!(MaxHeader::decode_body(&version), Err(HeaderError::Version(2)));
+        assert_eq!(
+            MaxHeader::decode_body(&version),
+            Err(HeaderError::Version(2))
+        );
         assert_eq!(MaxHeader::decode_body(&[]), Err(HeaderError::Length(0)));
     }
 }

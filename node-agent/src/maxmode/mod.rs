@@ -93,10 +93,7 @@ pub async fn open(
 
 /// Connects to the destination when it is this node, else to the next relay,
 /// whose status byte says whether the rest of the path opened.
-async fn connect_onward(
-    relay: &Relay,
-    header: &MaxHeader,
-) -> Result<TcpStream, (Reply, String)> {
+async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<TcpStream, (Reply, String)> {
     let next = relay
         .next_hop(header.src, header.dst, header.label)
         .map_err(|why| (Reply::NetworkUnreachable, why.to_string()))?;
@@ -125,7 +122,12 @@ async fn connect_onward(
                 stream.read_u8().await
             })
             .await
-            .map_err(|_| (Reply::HostUnreachable, format!("relay {addr} did not answer")))?
+            .map_err(|_| {
+                (
+                    Reply::HostUnreachable,
+                    format!("relay {addr} did not answer"),
+                )
+            })?
             .map_err(|e| (Reply::GeneralFailure, format!("relay {addr}: {e}")))?;
             match Reply::from_code(status) {
                 Reply::Succeeded => Ok(stream),
@@ -138,7 +140,12 @@ async fn connect_onward(
 async fn connect(addr: SocketAddr) -> Result<TcpStream, (Reply, String)> {
     let stream = tokio::time::timeout(HOP_TIMEOUT, TcpStream::connect(addr))
         .await
-        .map_err(|_| (Reply::HostUnreachable, format!("connecting to {addr} timed out")))?
+        .map_err(|_| {
+            (
+                Reply::HostUnreachable,
+                format!("connecting to {addr} timed out"),
+            )
+        })?
         .map_err(|e| (Reply::from_io(&e), format!("connecting to {addr}: {e}")))?;
     let _ = stream.set_nodelay(true);
     Ok(stream)

@@ -74,7 +74,10 @@ fn fall_back(meter: &Meter<'_>, why: &io::Error) {
 enum Stop {
     Io(io::Error),
     /// The kernel will not splice these descriptors; `moved` bytes went already.
-    Refused { errno: Errno, moved: u64 },
+    Refused {
+        errno: Errno,
+        moved: u64,
+    },
 }
 
 impl From<io::Error> for Stop {
@@ -213,8 +216,7 @@ async fn write_all(to: &TcpStream, mut data: &[u8]) -> io::Result<()> {
 
 /// Passes an end of stream on: the peer of `to` reads EOF, and may still send.
 fn shutdown_write(to: &TcpStream) {
-    if let Err(e) = nix::sys::socket::shutdown(to.as_raw_fd(), nix::sys::socket::Shutdown::Write)
-    {
+    if let Err(e) = nix::sys::socket::shutdown(to.as_raw_fd(), nix::sys::socket::Shutdown::Write) {
         tracing::debug!(error = %e, "shutdown(SHUT_WR) of a relayed socket failed");
     }
 }
@@ -266,7 +268,10 @@ mod tests {
             let mut got = Vec::new();
             // EOF arrives only through the relay's half-close.
             server.read_to_end(&mut got).await.expect("server reads");
-            server.write_all(&down).await.expect("server writes after EOF");
+            server
+                .write_all(&down)
+                .await
+                .expect("server writes after EOF");
             server.shutdown().await.expect("server closes");
             got
         };
@@ -314,7 +319,9 @@ mod tests {
         let bytes = AtomicU64::new(0);
         let fallbacks = AtomicU64::new(0);
         // SO_LINGER 0: closing sends a reset.
-        client.set_linger(Some(std::time::Duration::ZERO)).expect("linger");
+        client
+            .set_linger(Some(std::time::Duration::ZERO))
+            .expect("linger");
         drop(client);
         let meter = Meter {
             bytes: &bytes,

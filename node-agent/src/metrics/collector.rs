@@ -310,8 +310,14 @@ fn relay(e: &mut DescriptorEncoder, r: &crate::counters::RelayCounters) -> fmt::
         ),
         [
             (vec![("reason", "socks_auth")], get(&r.socks_refused_auth)),
-            (vec![("reason", "socks_request")], get(&r.socks_refused_request)),
-            (vec![("reason", "socks_connect")], get(&r.socks_refused_connect)),
+            (
+                vec![("reason", "socks_request")],
+                get(&r.socks_refused_request),
+            ),
+            (
+                vec![("reason", "socks_connect")],
+                get(&r.socks_refused_connect),
+            ),
             (vec![("reason", "max_hop")], get(&r.max_refused)),
         ],
     )

@@ -343,13 +343,21 @@ mod tests {
     fn credentials() {
         let msg = [1, 5, b'a', b'l', b'i', b'c', b'e', 3, b'p', b'w', b'd'];
         let (c, used) = parse_credentials(&msg).expect("valid").expect("complete");
-        assert_eq!((c.user.as_slice(), c.password.as_slice()), (&b"alice"[..], &b"pwd"[..]));
+        assert_eq!(
+            (c.user.as_slice(), c.password.as_slice()),
+            (&b"alice"[..], &b"pwd"[..])
+        );
         assert_eq!(used, msg.len());
         prefixes_wait(&msg, parse_credentials);
-        let (empty, used) = parse_credentials(&[1, 0, 0]).expect("valid").expect("complete");
+        let (empty, used) = parse_credentials(&[1, 0, 0])
+            .expect("valid")
+            .expect("complete");
         assert_eq!((empty.user.len(), empty.password.len(), used), (0, 0, 3));
         assert_eq!(parse_credentials(&[5, 1]), Err(ParseError::AuthVersion(5)));
-        assert!(!format!("{c:?}").contains("pwd"), "passwords stay out of logs");
+        assert!(
+            !format!("{c:?}").contains("pwd"),
+            "passwords stay out of logs"
+        );
     }
 
     #[test]
@@ -386,12 +394,18 @@ mod tests {
     #[test]
     fn bad_requests_say_why() {
         assert_eq!(parse_request(&[5, 1, 1, 1]), Err(ParseError::Reserved(1)));
-        assert_eq!(parse_request(&[5, 1, 0, 9]), Err(ParseError::AddressType(9)));
+        assert_eq!(
+            parse_request(&[5, 1, 0, 9]),
+            Err(ParseError::AddressType(9))
+        );
         assert_eq!(
             ParseError::AddressType(9).reply(),
             Reply::AddressTypeNotSupported
         );
-        assert_eq!(parse_request(&[5, 1, 0, 3, 0]), Err(ParseError::EmptyDomain));
+        assert_eq!(
+            parse_request(&[5, 1, 0, 3, 0]),
+            Err(ParseError::EmptyDomain)
+        );
         assert_eq!(
             parse_request(&[5, 1, 0, 3, 1, 0xFF, 0, 80]),
             Err(ParseError::DomainNotUtf8)

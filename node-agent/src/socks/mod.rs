@@ -13,8 +13,7 @@ pub mod handshake;
 
 use crate::relay::{Mode, Relay, SocksSettings, password_sha256, same_secret};
 use handshake::{
-    CMD_CONNECT, METHOD_NO_AUTH, METHOD_NONE_ACCEPTABLE, METHOD_USERPASS, ParseError, Reply,
-    Target,
+    CMD_CONNECT, METHOD_NO_AUTH, METHOD_NONE_ACCEPTABLE, METHOD_USERPASS, ParseError, Reply, Target,
 };
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4};
 use std::sync::Arc;
@@ -143,10 +142,7 @@ async fn connection(
     )
     .await
     .map_err(|_| {
-        SocksError::Refused(
-            Reply::GeneralFailure,
-            "the handshake timed out".to_string(),
-        )
+        SocksError::Refused(Reply::GeneralFailure, "the handshake timed out".to_string())
     })??;
     let _ = client.set_nodelay(true);
     client
@@ -222,7 +218,10 @@ async fn handshake(
         Err(e) => return Err(e),
     };
     if request.command != CMD_CONNECT {
-        let why = format!("command {:#04x} is not supported (only CONNECT)", request.command);
+        let why = format!(
+            "command {:#04x} is not supported (only CONNECT)",
+            request.command
+        );
         return Err(refuse(client, Reply::CommandNotSupported, why).await);
     }
     let view = relay.view.load_full();

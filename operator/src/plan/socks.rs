@@ -143,7 +143,10 @@ spec:
         let m = parse_manifest("s.yaml", text).expect("parses");
         match plan_manifest(&m) {
             Ok(_) => vec![],
-            Err(e) => e.iter().map(|e| format!("{}: {}", e.field, e.reason)).collect(),
+            Err(e) => e
+                .iter()
+                .map(|e| format!("{}: {}", e.field, e.reason))
+                .collect(),
         }
     }
 
@@ -171,17 +174,25 @@ spec:
         let text = BASE.replace("127.0.0.1:1081", "nowhere");
         assert_eq!(
             errors_of(&text),
-            ["spec.nodes[0].socks[1].listen: \"nowhere\" is not an address and port such as 127.0.0.1:1080 or [::1]:1080"]
+            [
+                "spec.nodes[0].socks[1].listen: \"nowhere\" is not an address and port such as 127.0.0.1:1080 or [::1]:1080"
+            ]
         );
         let text = BASE.replace("127.0.0.1:1081", "127.0.0.1:0");
-        assert!(errors_of(&text)[0].contains("port 0"), "{:?}", errors_of(&text));
+        assert!(
+            errors_of(&text)[0].contains("port 0"),
+            "{:?}",
+            errors_of(&text)
+        );
         let text = BASE.replace(
             "    - name: b\n",
             "    - name: b\n      socks: [{listen: \"0.0.0.0:1080\"}]\n",
         );
         assert_eq!(
             errors_of(&text),
-            ["spec.nodes[1].socks[0].listen: 0.0.0.0:1080 is already used by spec.nodes[0].socks[0].listen: every SOCKS server needs an address of its own"]
+            [
+                "spec.nodes[1].socks[0].listen: 0.0.0.0:1080 is already used by spec.nodes[0].socks[0].listen: every SOCKS server needs an address of its own"
+            ]
         );
         let text = BASE.replace(
             "[{name: alice, password: secret}]",
