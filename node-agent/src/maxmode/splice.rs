@@ -319,9 +319,7 @@ mod tests {
         let bytes = AtomicU64::new(0);
         let fallbacks = AtomicU64::new(0);
         // SO_LINGER 0: closing sends a reset.
-        client
-            .set_linger(Some(std::time::Duration::ZERO))
-            .expect("linger");
+        client.set_zero_linger().expect("linger");
         drop(client);
         let meter = Meter {
             bytes: &bytes,
