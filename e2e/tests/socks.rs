@@ -5,7 +5,8 @@
 //! - max mode: spliced a → b → c over the agents' relays, seen on the max-mode
 //!   metric and not on the link counters;
 //! - username/password: a wrong password is refused, the right one works;
-//! - a normal and a max transfer at the same time.
+//! - a normal and a max transfer at the same time;
+//! - a max-mode synthetic `Flow` through the same relays.
 //!
 //! Also: a manifest whose SOCKS addresses clash is refused naming the field, and a
 //! topology asking for an address another topology holds is refused before
@@ -340,6 +341,75 @@ fn socks_normal_max_and_auth() {
     );
     println!(
         "summary: normal {normal_mbps:.0} Mbit/s, max {max_mbps:.0} Mbit/s, username/password (normal) {auth_mbps:.0} Mbit/s"
+    );
+
+    // (e) A max-mode Flow: synthetic instances through the same relays, sunk by
+    // c's agent, with their completion times stored like any flow's.
+    next_reports();
+    let links_before =
+        link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
+    let b_max_before = agent_metric(
+        &env,
+        &topology,
+        "b",
+        "nextmini_relay_bytes_total",
+        "mode=\"max\"",
+    );
+    let with_flow = format!(
+        "{}---\napiVersion: nextmini.io/v1alpha1\nkind: Flow\nmetadata: {{name: maxflow}}\nspec: {{topology: {topology}, src: a, dst: c, mode: max, size: 20MiB, count: 3, parallelism: 1}}\n",
+        manifest(&topology, &ports)
+    );
+    std::fs::write(&file, with_flow).expect("manifest");
+    env.ok(&["up", "-f", file.to_str().expect("path")]);
+    let rows = |env: &Env| {
+        env.psql(&format!(
+            "SELECT r.instance, r.bytes, COALESCE(r.fct_us, -1), COALESCE(r.error, '') \
+             FROM flow_results r JOIN topologies t ON t.id = r.topology_id \
+             WHERE t.name = '{topology}' AND r.flow = 'maxflow' ORDER BY r.instance"
+        ))
+    };
+    env.wait_for(
+        "the max-mode flow's 3 results",
+        Duration::from_secs(60),
+        || rows(&env).lines().count() == 3,
+    );
+    let results = rows(&env);
+    for line in results.lines() {
+        let f: Vec<&str> = line.split('|').collect();
+        assert_eq!(f.len(), 4, "{line}");
+        assert_eq!(f[3], "", "instance failed: {line}");
+        assert_eq!(
+            f[1],
+            SIZE.to_string(),
+            "the sink confirmed every byte: {line}"
+        );
+        let fct_us: f64 = f[2].parse().expect("fct");
+        assert!(fct_us > 0.0, "{line}");
+        println!(
+            "max-mode flow instance {}: 20 MiB in {:.3} s ({:.0} Mbit/s)",
+            f[0],
+            fct_us / 1e6,
+            SIZE as f64 * 8.0 / fct_us
+        );
+    }
+    next_reports();
+    let links_after =
+        link_bytes(&env, &topology, "a-b", "b") + link_bytes(&env, &topology, "b-c", "b");
+    let b_max = agent_metric(
+        &env,
+        &topology,
+        "b",
+        "nextmini_relay_bytes_total",
+        "mode=\"max\"",
+    ) - b_max_before;
+    assert!(
+        b_max >= 3.0 * SIZE as f64,
+        "b relayed {b_max} max-mode bytes of the flow"
+    );
+    assert!(
+        links_after - links_before < (SIZE / 10) as i64,
+        "the max-mode flow went over the emulated links: {} bytes",
+        links_after - links_before
     );
 
     env.ok(&["down", &topology]);

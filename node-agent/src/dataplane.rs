@@ -135,6 +135,7 @@ impl Dataplane {
                 u16::try_from(context.mtu).unwrap_or(u16::MAX),
                 context.processors.clone(),
                 &self.synth_slot,
+                self.relay.clone(),
             )
         });
         synth.set_tasks(flows);

@@ -8,6 +8,10 @@
 //! way or, at the destination, connects to the target locally. Every hop answers
 //! its predecessor with one status byte (a SOCKS5 reply code) once the rest of the
 //! path is open, then splices bytes between its two sockets.
+//!
+//! A connection to the destination's port [`SINK_PORT`] (the synthetic flows'
+//! sink port) ends in the destination agent itself: it reads everything, then
+//! answers the number of bytes it read (u64, big-endian). Max-mode `Flow`s use it.
 
 pub mod header;
 pub mod splice;
@@ -21,6 +25,9 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
+
+/// Max-mode connections to this port of their destination are sunk by its agent.
+pub const SINK_PORT: u16 = crate::synth::stack::LISTEN_PORT;
 
 /// For connecting, sending or reading a header, and waiting for the status.
 const HOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -68,37 +75,80 @@ async fn hop(mut upstream: TcpStream, relay: &Relay) -> Result<(), String> {
     };
     // The predecessor may have given up; then there is nothing to relay.
     let _ = upstream.write_all(&[status as u8]).await;
-    let downstream = onward.map_err(|(_, why)| format!("to {}: {why}", header.dst))?;
-    let _ = upstream.set_nodelay(true);
-    relay_max(relay, &upstream, &downstream).await;
+    match onward.map_err(|(_, why)| format!("to {}: {why}", header.dst))? {
+        Onward::Stream(downstream) => {
+            let _ = upstream.set_nodelay(true);
+            relay_max(relay, &upstream, &downstream).await;
+        }
+        Onward::Sink => {
+            if let Err(e) = sink(relay, upstream).await {
+                tracing::debug!(error = %e, "max-mode sink ended with an error");
+            }
+        }
+    }
     Ok(())
+}
+
+/// Reads a connection to its end, then answers how many bytes it read.
+async fn sink(relay: &Relay, mut upstream: TcpStream) -> std::io::Result<()> {
+    let _active = relay.counters.connection(true);
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut total = 0u64;
+    loop {
+        let n = upstream.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        total += n as u64;
+        relay.counters.bytes(true).fetch_add(n as u64, Relaxed);
+    }
+    upstream.write_all(&total.to_be_bytes()).await?;
+    upstream.shutdown().await
+}
+
+/// Where a hop's connection goes on to.
+enum Onward {
+    Stream(TcpStream),
+    /// This agent is the destination and sinks the bytes.
+    Sink,
 }
 
 /// Opens the rest of a max-mode path from the source node: what the SOCKS server
 /// calls for a connection from `src` (this node's overlay address and the client's
 /// port) to `dst`.
+/// `label` is the route id of an explicit path to follow (0: none).
 pub async fn open(
     relay: &Relay,
     src: SocketAddrV4,
     dst: SocketAddrV4,
+    label: u32,
 ) -> Result<TcpStream, (Reply, String)> {
     let header = MaxHeader {
         hops: 0,
-        label: 0,
+        label,
         src,
         dst,
     };
-    connect_onward(relay, &header).await
+    match connect_onward(relay, &header).await? {
+        Onward::Stream(s) => Ok(s),
+        Onward::Sink => Err((
+            Reply::NotAllowed,
+            format!("{dst} is this node's own sink port"),
+        )),
+    }
 }
 
 /// Connects to the destination when it is this node, else to the next relay,
 /// whose status byte says whether the rest of the path opened.
-async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<TcpStream, (Reply, String)> {
+async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Reply, String)> {
     let next = relay
         .next_hop(header.src, header.dst, header.label)
         .map_err(|why| (Reply::NetworkUnreachable, why.to_string()))?;
     match next {
-        NextHop::Here => connect(SocketAddr::V4(header.dst)).await,
+        NextHop::Here if header.dst.port() == SINK_PORT => Ok(Onward::Sink),
+        NextHop::Here => connect(SocketAddr::V4(header.dst))
+            .await
+            .map(Onward::Stream),
         NextHop::Relay { addr, label } => {
             if header.hops >= MAX_HOPS {
                 return Err((
@@ -130,7 +180,7 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<TcpStream, 
             })?
             .map_err(|e| (Reply::GeneralFailure, format!("relay {addr}: {e}")))?;
             match Reply::from_code(status) {
-                Reply::Succeeded => Ok(stream),
+                Reply::Succeeded => Ok(Onward::Stream(stream)),
                 reply => Err((reply, format!("relay {addr} answered {reply:?}"))),
             }
         }

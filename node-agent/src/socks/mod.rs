@@ -246,7 +246,9 @@ async fn handshake(
     let here = view.overlay.unwrap_or(Ipv4Addr::UNSPECIFIED);
     let opened = match settings.mode {
         Mode::Normal => connect_inside(dst).await,
-        Mode::Max => crate::maxmode::open(relay, SocketAddrV4::new(here, from.port()), dst).await,
+        Mode::Max => {
+            crate::maxmode::open(relay, SocketAddrV4::new(here, from.port()), dst, 0).await
+        }
     };
     match opened {
         Ok(stream) => {

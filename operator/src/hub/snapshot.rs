@@ -341,6 +341,10 @@ impl TopologyView {
                         })
                         .collect(),
                     congestion_control: p.congestion_control.as_str().to_owned(),
+                    mode: match p.mode {
+                        RelayMode::Normal => pb::RelayMode::Normal as i32,
+                        RelayMode::Max => pb::RelayMode::Max as i32,
+                    },
                 })
             })
             .collect()

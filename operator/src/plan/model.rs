@@ -305,6 +305,8 @@ pub struct FlowParams {
     pub dscp: u8,
     /// (largest size in bytes, DSCP), first match wins.
     pub dscp_by_size: Vec<(u64, u8)>,
+    /// Max: spliced hop by hop by the agents' relays instead of smoltcp over the links.
+    pub mode: RelayMode,
 }
 
 /// Default socket buffer of a synthetic connection.
@@ -325,6 +327,7 @@ impl Default for FlowParams {
             congestion_control: CongestionControl::Cubic,
             dscp: 0,
             dscp_by_size: Vec::new(),
+            mode: RelayMode::Normal,
         }
     }
 }
