@@ -144,7 +144,9 @@ impl Reply {
     }
 }
 
-type Parsed<T> = Result<Option<(T, usize)>, ParseError>;
+/// What a parser makes of the bytes so far: a message and the bytes it took,
+/// nothing yet, or an error no further byte can fix.
+pub type Parsed<T> = Result<Option<(T, usize)>, ParseError>;
 
 /// `VER NMETHODS METHODS…`
 pub fn parse_greeting(buf: &[u8]) -> Parsed<Greeting> {

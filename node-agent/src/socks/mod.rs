@@ -109,7 +109,7 @@ impl Inbox {
     async fn next<T>(
         &mut self,
         client: &mut TcpStream,
-        parse: fn(&[u8]) -> Result<Option<(T, usize)>, ParseError>,
+        parse: fn(&[u8]) -> handshake::Parsed<T>,
     ) -> Result<T, SocksError> {
         loop {
             if let Some((msg, used)) = parse(&self.buf)? {
