@@ -227,6 +227,9 @@ fn node(name: &str, last: u8) -> pb::NodeConfig {
             .collect(),
         link_cert_der: Vec::new(),
         link_key_der: Vec::new(),
+        // Unset, so the seeds stay the bytes they were before max mode.
+        max_port: 0,
+        socks: Vec::new(),
     }
 }
 
