@@ -1,12 +1,14 @@
-//! SOCKS5 entry and max mode, end to end: a line of three nodes (a — b — c) with
-//! SOCKS servers on a, listening on host addresses. Real `curl --socks5-hostname`
+//! SOCKS5 entry and max mode, end to end: a diamond (a — b — c and a — d — c; the
+//! shortest path a → c crosses b, the lower link name) with SOCKS servers on a,
+//! listening on host addresses. Real `curl --socks5-hostname`
 //! on the host fetches a 20 MiB file from `python3 -m http.server` in c:
 //! - normal mode: through a's TUN device and the links, seen on b's link counters;
 //! - max mode: spliced a → b → c over the agents' relays, seen on the max-mode
 //!   metric and not on the link counters;
 //! - username/password: a wrong password is refused, the right one works;
 //! - a normal and a max transfer at the same time;
-//! - a max-mode synthetic `Flow` through the same relays.
+//! - a max-mode synthetic `Flow` through the same relays;
+//! - an explicit route in SQL moves max-mode connections to d, as it would packets.
 //!
 //! Also: a manifest whose SOCKS addresses clash is refused naming the field, and a
 //! topology asking for an address another topology holds is refused before
@@ -61,9 +63,12 @@ spec:
             - {{name: alice, password: "s3cret"}}
     - name: b
     - name: c
+    - name: d
   links:
     - endpoints: [a, b]
     - endpoints: [b, c]
+    - endpoints: [a, d]
+    - endpoints: [d, c]
 "#,
         normal = ports[0],
         max = ports[1],
@@ -410,6 +415,42 @@ fn socks_normal_max_and_auth() {
         links_after - links_before < (SIZE / 10) as i64,
         "the max-mode flow went over the emulated links: {} bytes",
         links_after - links_before
+    );
+
+    // (f) Max mode follows the routing table per connection: an explicit route
+    // a → d → c for port 8000 takes the spliced connections off b.
+    let sql = |q: &str| {
+        env.psql(q);
+        env.wait_for("agents to apply the route", Duration::from_secs(10), || {
+            nextmini_e2e::all_acked(&env, &topology)
+        });
+    };
+    sql(&format!(
+        "INSERT INTO routes (topology_id, id, name, path) \
+         SELECT id, 1, 'via-d', ARRAY['a','d','c'] FROM topologies WHERE name = '{topology}'"
+    ));
+    sql(&format!(
+        "INSERT INTO route_rules (topology_id, src, dst, protocol, dst_port, route_id) \
+         SELECT id, 'a', 'c', 6, 8000, 1 FROM topologies WHERE name = '{topology}'"
+    ));
+    let max_at = |node: &str| {
+        agent_metric(
+            &env,
+            &topology,
+            node,
+            "nextmini_relay_bytes_total",
+            "mode=\"max\"",
+        )
+    };
+    let (b_before, d_before) = (max_at("b"), max_at("d"));
+    let routed_mbps = fetch(&env, "max via d", &proxy_max, &expected);
+    let (via_b, via_d) = (max_at("b") - b_before, max_at("d") - d_before);
+    assert!(
+        via_d >= SIZE as f64 && via_b < (SIZE / 10) as f64,
+        "the explicit route should carry the max-mode connection: via b {via_b}, via d {via_d}"
+    );
+    println!(
+        "explicit route: max-mode bytes via d {via_d}, via b {via_b} ({routed_mbps:.0} Mbit/s)"
     );
 
     env.ok(&["down", &topology]);
