@@ -193,6 +193,14 @@ fn socks_normal_max_and_auth() {
         namespaces_of(&other).is_empty(),
         "the refused topology made namespaces"
     );
+    assert_eq!(
+        env.psql(&format!(
+            "SELECT count(*) FROM topologies WHERE name = '{other}'"
+        )),
+        "0",
+        "the refused topology left rows"
+    );
+    println!("a held address is refused:\n{}", stderr.trim());
 
     let www = env.state_dir.join("www");
     std::fs::create_dir_all(&www).expect("www");

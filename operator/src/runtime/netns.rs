@@ -135,10 +135,10 @@ impl NetnsRuntime {
 /// Checks that every SOCKS address of `node` can be listened on here, in the
 /// host's namespace, where its agent will bind it.
 fn socks_addresses_free(node: &PlannedNode) -> Result<(), RuntimeError> {
-    for socks in &node.socks {
+    for (i, socks) in node.socks.iter().enumerate() {
         if let Err(e) = std::net::TcpListener::bind(socks.listen) {
             return Err(RuntimeError::Conflict(format!(
-                "node {}: socks listen address {}: {e} (another topology, another node or another program holds it; choose a free address)",
+                "node {}: socks[{i}].listen {}: {e} (another topology, another node or another program holds it; choose a free address)",
                 node.name, socks.listen
             )));
         }
