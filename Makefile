@@ -48,9 +48,67 @@ fuzz:
 
 crds:
 	$(CARGO) run -q --bin nextmini -- crd --dir crds
+	cp crds/nextmini.yaml helm/nextmini/crds/nextmini.yaml
 
 down:
 	$(BIN) down
 
 clean: down
 	$(CARGO) clean
+
+# The Helm chart (helm/nextmini). HELM defaults to helm on PATH, else the one that
+# `make cluster-build` (e2e/cluster/build.sh) builds.
+HELM ?= $(shell command -v helm 2>/dev/null || echo /var/cache/nextmini/k8s/bin/helm)
+IMAGE_REPO ?= docker.io/nextmini/nextmini
+IMAGE_TAG ?= dev
+IMAGE := $(IMAGE_REPO):$(IMAGE_TAG)
+KIND_CLUSTER ?= nextmini
+# helm built by `go install` has no Kubernetes version stamped in (it assumes 1.20), so
+# `helm template` is told which version to render for.
+HELM_KUBE_VERSION ?= 1.30.14
+
+.PHONY: helm-lint kind
+
+# Lints the chart and renders it with the default values, CI's values and an external database.
+helm-lint:
+	$(HELM) lint --strict helm/nextmini
+	$(HELM) lint --strict helm/nextmini -f helm/nextmini/ci/ci-values.yaml
+	$(HELM) lint --strict helm/nextmini -f helm/nextmini/ci/external-db-values.yaml
+	$(HELM) template nextmini helm/nextmini -n nextmini --kube-version $(HELM_KUBE_VERSION) >/dev/null
+	$(HELM) template nextmini helm/nextmini -n nextmini --kube-version $(HELM_KUBE_VERSION) -f helm/nextmini/ci/ci-values.yaml >/dev/null
+	$(HELM) template nextmini helm/nextmini -n nextmini --kube-version $(HELM_KUBE_VERSION) --set postgresql.enabled=false \
+		--set externalDatabase.url=postgres://nextmini:secret@db.example:5432/nextmini >/dev/null
+	@echo "helm-lint: chart OK"
+
+# With Docker: builds the image, starts a three-node kind cluster (kind-config.yaml) unless it
+# exists, loads the image into it and installs the chart.
+kind:
+	docker build -t $(IMAGE) .
+	kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name $(KIND_CLUSTER) --config kind-config.yaml
+	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+	$(HELM) upgrade --install nextmini helm/nextmini -n nextmini --create-namespace \
+		--set image.repository=$(IMAGE_REPO) --set image.tag=$(IMAGE_TAG) \
+		--set image.pullPolicy=Never --wait
+	@echo "kind: try  kubectl apply -f manifests/examples/line3.yaml && kubectl wait --for=condition=Ready topology/line3 --timeout=180s"
+
+# A real single-node Kubernetes built from source, without Docker or a registry
+# (e2e/cluster/README.md): build into /var/cache/nextmini/k8s, start, stop, and the
+# project's images imported into its containerd. KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig.
+.PHONY: cluster-build cluster-up cluster-down images cluster-smoke
+
+cluster-build:
+	@e2e/cluster/build.sh
+
+cluster-up: cluster-build
+	@e2e/cluster/up.sh
+
+cluster-down:
+	@e2e/cluster/down.sh
+
+# Images from NEXTMINI_BIN_DIR (default target/release) and Debian's packages.
+images:
+	@e2e/cluster/images.sh
+
+# up, pods with TUN/Service/DNS/owner cascade, down, and nothing left behind.
+cluster-smoke: cluster-build
+	@e2e/cluster/smoke.sh

@@ -3,6 +3,8 @@
 //! interfaces, processes, rows) to check what it left behind. Dropping an [`Env`]
 //! tears everything down, also when a test fails.
 
+pub mod kube;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};

@@ -377,10 +377,7 @@ impl Dataplane {
             };
             let role = match pb::LinkRole::try_from(c.role) {
                 Ok(pb::LinkRole::Dial) => Role::Dial {
-                    peer: c
-                        .peer_addr
-                        .parse()
-                        .map_err(|e| invalid(field("peerAddr"), format!("{e}")))?,
+                    peer: host_port(&c.peer_addr).map_err(|e| invalid(field("peerAddr"), e))?,
                 },
                 Ok(pb::LinkRole::Accept) => Role::Accept,
                 _ => return Err(invalid(field("role"), "must be dial or accept")),
@@ -421,4 +418,16 @@ impl Dataplane {
         }
         Ok(next)
     }
+}
+
+/// Checks `host:port` without resolving it: the host may be a name that only
+/// resolves once the peer's pod exists.
+fn host_port(addr: &str) -> Result<String, String> {
+    let (host, port) = addr
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{addr:?} is not host:port"))?;
+    if host.is_empty() || port.parse::<u16>().is_err() {
+        return Err(format!("{addr:?} is not host:port"));
+    }
+    Ok(addr.to_string())
 }

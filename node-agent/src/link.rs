@@ -44,7 +44,11 @@ pub enum Transport {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Role {
-    Dial { peer: SocketAddr },
+    /// `peer` is `host:port`: an address, or a name resolved at every attempt
+    /// (pods get a new address when they are recreated).
+    Dial {
+        peer: String,
+    },
     Accept,
 }
 
@@ -245,7 +249,7 @@ impl LinkTask {
                         &self.spec,
                         self.context.quic.as_ref(),
                         self.context.auth.as_ref(),
-                        peer,
+                        &peer,
                     )
                     .await
                     {
@@ -404,8 +408,9 @@ async fn dial(
     spec: &LinkSpec,
     quic: Option<&quinn::Endpoint>,
     auth: Option<&crate::link_auth::LinkKey>,
-    peer: SocketAddr,
+    peer: &str,
 ) -> Result<Conn, String> {
+    let peer = resolve(peer).await?;
     let hello = LinkHello {
         topology: spec.topology.clone(),
         link: spec.name.clone(),
@@ -450,6 +455,18 @@ async fn dial(
             Ok(conn)
         }
     }
+}
+
+/// The first IPv4 address of `host:port` (the underlay is IPv4).
+async fn resolve(peer: &str) -> Result<SocketAddr, String> {
+    if let Ok(addr) = peer.parse() {
+        return Ok(addr);
+    }
+    tokio::net::lookup_host(peer)
+        .await
+        .map_err(|e| format!("resolving {peer}: {e}"))?
+        .find(SocketAddr::is_ipv4)
+        .ok_or_else(|| format!("{peer} has no IPv4 address"))
 }
 
 /// A packet inside the pipeline, with what the frame needs besides the bytes.

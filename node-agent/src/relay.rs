@@ -46,8 +46,9 @@ pub struct View {
     pub overlay: Option<Ipv4Addr>,
     /// Node names (this node's too) → overlay addresses.
     pub names: HashMap<String, Ipv4Addr>,
-    /// Link name → the peer's max-mode relay.
-    pub neighbours: HashMap<String, SocketAddr>,
+    /// Link name → the peer's max-mode relay, `host:port` (the host may be a
+    /// name, as pods' underlay addresses are, resolved at each connect).
+    pub neighbours: HashMap<String, String>,
     pub key: Option<LinkKey>,
     /// SOCKS servers by listen address.
     pub socks: HashMap<SocketAddr, SocksSettings>,
@@ -80,8 +81,8 @@ impl View {
             links
                 .iter()
                 .filter_map(|l| {
-                    let peer: SocketAddr = l.peer_addr.parse().ok()?;
-                    Some((l.name.clone(), SocketAddr::new(peer.ip(), port)))
+                    let (host, _) = l.peer_addr.rsplit_once(':')?;
+                    (!host.is_empty()).then(|| (l.name.clone(), format!("{host}:{port}")))
                 })
                 .collect()
         };
@@ -156,7 +157,7 @@ pub enum NextHop {
     /// The destination is this node: connect to it here.
     Here,
     /// The next relay, and the label to send it.
-    Relay { addr: SocketAddr, label: u32 },
+    Relay { addr: String, label: u32 },
 }
 
 /// Shared by the SOCKS servers and the max-mode relay.
@@ -198,7 +199,10 @@ impl Relay {
                 .load()
                 .neighbours
                 .get(&link.spec.name)
-                .map(|addr| NextHop::Relay { addr: *addr, label })
+                .map(|addr| NextHop::Relay {
+                    addr: addr.clone(),
+                    label,
+                })
                 .ok_or("the next hop's link has no max-mode relay"),
             Decision::Drop(crate::routing::DropReason::NoRoute) => Err("no route"),
             Decision::Drop(crate::routing::DropReason::UnknownLabel) => Err("unknown route label"),
@@ -241,11 +245,19 @@ mod tests {
             }],
             ..Default::default()
         };
-        let links = [pb::LinkConfig {
-            name: "a-b".into(),
-            peer_addr: "198.19.0.2:7100".into(),
-            ..Default::default()
-        }];
+        let links = [
+            pb::LinkConfig {
+                name: "a-b".into(),
+                peer_addr: "198.19.0.2:7100".into(),
+                ..Default::default()
+            },
+            pb::LinkConfig {
+                name: "a-d".into(),
+                // Pods: a name resolved when the relay connects.
+                peer_addr: "d.lab.default.svc:7100".into(),
+                ..Default::default()
+            },
+        ];
         let view =
             View::build(&node(), "198.18.0.1".parse().expect("ip"), &links, &routes).expect("view");
         assert_eq!(view.resolve("c"), Some("198.18.0.3".parse().expect("ip")));
@@ -261,8 +273,12 @@ mod tests {
         );
         assert_eq!(view.resolve("example.com"), None);
         assert_eq!(
-            view.neighbours.get("a-b"),
-            Some(&"198.19.0.2:7101".parse().expect("addr"))
+            view.neighbours.get("a-b").map(String::as_str),
+            Some("198.19.0.2:7101")
+        );
+        assert_eq!(
+            view.neighbours.get("a-d").map(String::as_str),
+            Some("d.lab.default.svc:7101")
         );
         let socks = &view.socks[&"127.0.0.1:1080".parse().expect("addr")];
         assert_eq!(socks.mode, Mode::Max);

@@ -3,6 +3,7 @@
 //! locally, pods on Kubernetes).
 
 pub mod api;
+pub mod controller;
 pub mod crdgen;
 pub mod hub;
 pub mod import;

@@ -146,7 +146,7 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
         .map_err(|why| (Reply::NetworkUnreachable, why.to_string()))?;
     match next {
         NextHop::Here if header.dst.port() == SINK_PORT => Ok(Onward::Sink),
-        NextHop::Here => connect(SocketAddr::V4(header.dst))
+        NextHop::Here => connect(SocketAddr::V4(header.dst).to_string().as_str())
             .await
             .map(Onward::Stream),
         NextHop::Relay { addr, label } => {
@@ -160,7 +160,7 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
                 Reply::GeneralFailure,
                 "this node has no link key yet".to_string(),
             ))?;
-            let mut stream = connect(addr).await?;
+            let mut stream = connect(addr.as_str()).await?;
             let next = MaxHeader {
                 hops: header.hops + 1,
                 label,
@@ -187,7 +187,8 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
     }
 }
 
-async fn connect(addr: SocketAddr) -> Result<TcpStream, (Reply, String)> {
+/// `addr` is `host:port`; a host name is resolved here.
+async fn connect(addr: &str) -> Result<TcpStream, (Reply, String)> {
     let stream = tokio::time::timeout(HOP_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| {

@@ -29,8 +29,9 @@ use serde::{Deserialize, Serialize};
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct TopologySpec {
-    /// Where virtual nodes run: `netns` (network namespaces, locally or packed into pods)
-    /// or `pod-per-node`.
+    /// Where virtual nodes run: `auto` (the default: network namespaces on one
+    /// machine, one pod per node in a cluster), `netns` (network namespaces,
+    /// locally or packed into a few pods) or `pod-per-node`.
     #[serde(default)]
     pub placement: Placement,
     /// Settings of every node's dataplane.
@@ -64,8 +65,10 @@ pub struct TopologySpec {
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "kebab-case")]
 pub enum Placement {
-    /// One network namespace and agent process per node (locally, or packed into pods).
+    /// Network namespaces on one machine (`nextmini up`), one pod per node in a cluster.
     #[default]
+    Auto,
+    /// One network namespace and agent process per node (locally, or packed into pods).
     Netns,
     /// One Kubernetes pod per node.
     PodPerNode,
@@ -191,6 +194,24 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub socks: Vec<super::SocksSpec>,
+    /// Application containers run beside the agent in the node's pod (cluster
+    /// only; Kubernetes `Container` objects). They share the pod's network
+    /// namespace, so their traffic to other nodes' names crosses the emulated
+    /// network.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "containers_schema")]
+    pub containers: Vec<serde_json::Value>,
+}
+
+fn containers_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "description": "Application containers run beside the agent in the node's pod (cluster only; Kubernetes `Container` objects). They share the pod's network namespace, so their traffic to other nodes' names crosses the emulated network.",
+        "items": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": true
+        }
+    })
 }
 
 /// Compute resources of a node.

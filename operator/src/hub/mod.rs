@@ -12,7 +12,7 @@ mod params;
 mod session;
 mod snapshot;
 
-pub use snapshot::{TopologyView, delta};
+pub use snapshot::{TopologyView, Underlay, delta};
 
 use crate::store::{Store, TOPOLOGY_CHANNEL};
 use batcher::CounterBatcher;
@@ -96,6 +96,30 @@ impl Hub {
         Ok(())
     }
 
+    /// Serves the control stream on TCP (in a cluster, behind the hub Service)
+    /// until `shutdown` resolves. Agents prove who they are with their
+    /// credential in Hello, as over the Unix socket.
+    pub async fn serve_tcp(
+        self,
+        addr: std::net::SocketAddr,
+        shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+    ) -> anyhow::Result<()> {
+        let listener = tokio::net::TcpListener::bind(addr).await?;
+        tracing::info!(%addr, "control hub listening");
+        self.start_background().await;
+        tonic::transport::Server::builder()
+            .http2_keepalive_interval(Some(Duration::from_secs(5)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .tcp_nodelay(true)
+            .add_service(ControlServer::new(self))
+            .serve_with_incoming_shutdown(
+                tokio_stream::wrappers::TcpListenerStream::new(listener),
+                shutdown,
+            )
+            .await?;
+        Ok(())
+    }
+
     /// The tasks beside the streams: change listener, silence watchdog, metrics
     /// retention.
     async fn start_background(&self) {
@@ -129,6 +153,9 @@ impl Hub {
         let (routes, rules) = store.routes(topology).await?;
         let mut view = TopologyView::new(plan, generation).with_routes(routes, rules);
         view.identity = store.link_identity(topology).await?;
+        if let Some(runtime) = store.runtime_of(topology).await? {
+            view.underlay = crate::runtime::pods::underlay_of(topology, &runtime);
+        }
         Ok(Some(Arc::new(view)))
     }
 

@@ -20,6 +20,38 @@ pub struct TopologyView {
     routes: BTreeMap<u32, (Vec<String>, Vec<String>)>,
     /// Route rules whose route is valid, most specific first.
     rules: Vec<RouteRuleRow>,
+    /// How agents reach each other's link listeners.
+    pub underlay: Underlay,
+}
+
+/// Where an agent's link listener is reachable.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum Underlay {
+    /// Local mode: the planned underlay address on the topology's bridge.
+    #[default]
+    Bridge,
+    /// Pods: a DNS name per node through the topology's headless Service
+    /// (`<node>.<service>.<namespace>.svc`), resolved by the dialer at each
+    /// attempt, since a recreated pod gets a new address.
+    PodDns { service: String, namespace: String },
+}
+
+impl Underlay {
+    fn peer_addr(&self, peer: &crate::plan::PlannedNode) -> String {
+        match self {
+            Underlay::Bridge => format!("{}:{LINK_PORT}", peer.underlay),
+            Underlay::PodDns { service, namespace } => {
+                format!("{}.{service}.{namespace}.svc:{LINK_PORT}", peer.name)
+            }
+        }
+    }
+
+    fn listen_addr(&self, me: &crate::plan::PlannedNode) -> String {
+        match self {
+            Underlay::Bridge => format!("{}:{LINK_PORT}", me.underlay),
+            Underlay::PodDns { .. } => format!("0.0.0.0:{LINK_PORT}"),
+        }
+    }
 }
 
 fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
@@ -51,6 +83,7 @@ impl TopologyView {
             identity: None,
             routes: BTreeMap::new(),
             rules: Vec::new(),
+            underlay: Underlay::Bridge,
         }
     }
 
@@ -186,7 +219,7 @@ impl TopologyView {
                 Some(pb::LinkConfig {
                     name: link.name.clone(),
                     peer_node: peer.name.clone(),
-                    peer_addr: format!("{}:{LINK_PORT}", peer.underlay),
+                    peer_addr: self.underlay.peer_addr(peer),
                     role: if dial {
                         pb::LinkRole::Dial as i32
                     } else {
@@ -237,7 +270,7 @@ impl TopologyView {
                 topology: plan.topology.clone(),
                 overlay_addr: me.overlay.to_string(),
                 overlay_prefix_len: u32::from(plan.overlay.prefix_len()),
-                listen_addr: format!("{}:{LINK_PORT}", me.underlay),
+                listen_addr: self.underlay.listen_addr(me),
                 dataplane: Some(pb::DataplaneConfig {
                     processors: plan.dataplane.processors,
                     mtu: plan.dataplane.mtu,

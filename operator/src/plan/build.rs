@@ -13,6 +13,7 @@ use crate::units::Size;
 impl From<api::Placement> for Placement {
     fn from(p: api::Placement) -> Self {
         match p {
+            api::Placement::Auto => Placement::Auto,
             api::Placement::Netns => Placement::Netns,
             api::Placement::PodPerNode => Placement::PodPerNode,
         }

@@ -31,6 +31,8 @@ pub struct Plan {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Placement {
+    /// Whatever suits where the topology runs: namespaces locally, pods in a cluster.
+    Auto,
     Netns,
     PodPerNode,
 }

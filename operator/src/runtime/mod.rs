@@ -7,6 +7,7 @@ pub mod cgroup;
 pub mod names;
 pub mod netlink;
 pub mod netns;
+pub mod pods;
 pub mod process;
 pub mod supervise;
 

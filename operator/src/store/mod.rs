@@ -122,6 +122,26 @@ impl Store {
         Ok(generation)
     }
 
+    /// Which runtime runs the topology (`netns`, or `kubernetes/<namespace>`).
+    pub async fn runtime_of(&self, topology: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT runtime FROM topologies WHERE name = $1")
+                .bind(topology)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
+    /// The manifest text the topology was last stored from.
+    pub async fn source_of(&self, topology: &str) -> Result<Option<String>> {
+        Ok(
+            sqlx::query_scalar("SELECT source FROM topologies WHERE name = $1")
+                .bind(topology)
+                .fetch_optional(&self.pool)
+                .await?,
+        )
+    }
+
     /// Deletes a topology and every row it owns. Returns whether it existed.
     pub async fn delete_topology(&self, name: &str) -> Result<bool> {
         let done = sqlx::query("DELETE FROM topologies WHERE name = $1")

@@ -270,10 +270,10 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         topology: name.to_string(),
         overlay,
         underlay,
-        placement: if t.get::<String, _>("placement") == "pod-per-node" {
-            Placement::PodPerNode
-        } else {
-            Placement::Netns
+        placement: match t.get::<String, _>("placement").as_str() {
+            "pod-per-node" => Placement::PodPerNode,
+            "auto" => Placement::Auto,
+            _ => Placement::Netns,
         },
         dataplane: Dataplane {
             processors: t.get::<i32, _>("processors") as u32,
@@ -301,6 +301,7 @@ fn params_json(plan: &Plan, p: &LinkParams) -> Result<String> {
 
 pub fn placement_str(p: Placement) -> &'static str {
     match p {
+        Placement::Auto => "auto",
         Placement::Netns => "netns",
         Placement::PodPerNode => "pod-per-node",
     }

@@ -1,0 +1,28 @@
+# The Nextmini image: the operator, the node agent and the CLI in one image.
+#   docker build -t docker.io/nextmini/nextmini:dev .
+# `make kind` builds it, loads it into a kind cluster and installs the Helm chart.
+
+FROM rust:1-bookworm AS build
+WORKDIR /src
+# Protobuf is compiled by protox (pure Rust), so the builder needs no protoc.
+COPY . .
+RUN --mount=type=cache,target=/usr/local/cargo/registry \
+    --mount=type=cache,target=/src/target,sharing=locked \
+    cargo build --release --locked --bins \
+ && mkdir -p /out \
+ && cp target/release/nextmini-operator target/release/nextmini-agent target/release/nextmini /out/
+
+FROM debian:bookworm-slim
+# iproute2: the agent's namespaces and links; ca-certificates: TLS to external services
+# (e.g. a managed PostgreSQL); fonts-dejavu-core: `nextmini results --plot` labels.
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends iproute2 ca-certificates fonts-dejavu-core \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /out/ /usr/local/bin/
+# The agent needs root (with NET_ADMIN) in its pod; the operator's pod runs as a non-root
+# user through the Helm chart's securityContext.
+ENTRYPOINT []
+CMD ["nextmini", "--help"]
+LABEL org.opencontainers.image.title="nextmini" \
+      org.opencontainers.image.description="Nextmini network emulation testbed: operator, node agent and CLI" \
+      org.opencontainers.image.licenses="Apache-2.0"

@@ -1,0 +1,363 @@
+//! The operator on a real cluster (the one KUBECONFIG names): `helm install`,
+//! `kubectl apply -f manifests/examples/line3.yaml`, `kubectl wait` Ready, real
+//! traffic between the pods (python http.server and curl in ephemeral
+//! containers, so line3.yaml stays as users have it), the bytes on the middle
+//! node's counters, a Link's rate changed by `kubectl patch` reaching the
+//! agents, a broken Topology showing why, and `kubectl delete` leaving nothing.
+//!
+//! Ignored by plain `cargo test`; `make test` starts a cluster built from
+//! source and runs it with `--ignored`. Against your own cluster (kind, k3s):
+//! load the images, then `KUBECONFIG=... cargo test -p nextmini-e2e --test kube -- --ignored`.
+
+use nextmini_e2e::kube::Cluster;
+use nextmini_e2e::repo_path;
+use std::time::{Duration, Instant};
+
+const MIB: u64 = 1 << 20;
+
+fn tools_image() -> String {
+    std::env::var("NEXTMINI_E2E_TOOLS_IMAGE")
+        .unwrap_or_else(|_| "docker.io/nextmini/tools:dev".into())
+}
+
+fn pull_policy() -> String {
+    std::env::var("NEXTMINI_E2E_PULL_POLICY").unwrap_or_else(|_| "Never".into())
+}
+
+/// Starts an ephemeral container running `command` in a pod: it shares the
+/// pod's network namespace, so it sends and receives through the emulated
+/// network like any application would.
+fn ephemeral(c: &Cluster, pod: &str, name: &str, command: &str) {
+    c.ok(&[
+        "debug",
+        pod,
+        "--image",
+        &tools_image(),
+        "--image-pull-policy",
+        &pull_policy(),
+        "--container",
+        name,
+        "--",
+        "sh",
+        "-c",
+        command,
+    ]);
+    c.wait_for(
+        &format!("container {name} in {pod}"),
+        Duration::from_secs(60),
+        || {
+            c.kubectl(&["exec", pod, "-c", name, "--", "python3", "-c", "pass"])
+                .status
+                .success()
+        },
+    );
+}
+
+/// `sh -c` in an ephemeral container; its stdout.
+fn sh(c: &Cluster, pod: &str, container: &str, script: &str) -> String {
+    c.ok(&["exec", pod, "-c", container, "--", "sh", "-c", script])
+        .trim()
+        .to_string()
+}
+
+/// Fetches `url` with curl from the client container; (sha256, bytes/s).
+fn fetch(c: &Cluster, url: &str) -> (String, f64) {
+    let out = sh(
+        c,
+        "line3-a",
+        "client",
+        &format!(
+            "curl -sS --fail --max-time 120 -o /tmp/got -w '%{{speed_download}}' {url} && echo && python3 -c \"import hashlib; print(hashlib.sha256(open('/tmp/got','rb').read()).hexdigest())\""
+        ),
+    );
+    let mut lines = out.lines();
+    let speed: f64 = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("curl speed");
+    let sha = lines.next().expect("sha256").trim().to_string();
+    (sha, speed)
+}
+
+fn generation_and_acks(c: &Cluster) -> (i64, i64) {
+    let row = c.psql(
+        "SELECT t.generation, min(n.acked_generation) FROM topologies t JOIN nodes n ON n.topology_id = t.id WHERE t.name = 'line3' GROUP BY t.generation",
+    );
+    let mut f = row.split('|');
+    let g = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let a = f.next().and_then(|v| v.parse().ok()).unwrap_or(0);
+    (g, a)
+}
+
+#[test]
+#[ignore = "needs a cluster named by KUBECONFIG; `make test` starts one"]
+fn operator_runs_line3_on_a_real_cluster() {
+    let c = Cluster::new("nm-e2e");
+    let chart = repo_path("helm/nextmini");
+    let chart = chart.to_str().expect("path");
+    let values = repo_path("helm/nextmini/ci/ci-values.yaml");
+    let values = values.to_str().expect("path");
+
+    // The rendered chart passes the API server's own schema checks.
+    let rendered = c.helm_ok(&[
+        "template",
+        &c.release,
+        chart,
+        "-f",
+        values,
+        "--include-crds",
+    ]);
+    let dry = c.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
+    assert!(
+        dry.status.success(),
+        "server-side dry run of the chart failed:\n{}",
+        String::from_utf8_lossy(&dry.stderr)
+    );
+
+    let t = Instant::now();
+    c.helm_ok(&[
+        "install",
+        &c.release,
+        chart,
+        "-f",
+        values,
+        "--wait",
+        "--timeout",
+        "300s",
+    ]);
+    println!("helm install --wait: {:.1} s", t.elapsed().as_secs_f64());
+
+    let t = Instant::now();
+    c.ok(&[
+        "apply",
+        "-f",
+        repo_path("manifests/examples/line3.yaml")
+            .to_str()
+            .expect("path"),
+    ]);
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/line3",
+        "--timeout=180s",
+    ]);
+    println!(
+        "line3 Ready {:.1} s after kubectl apply",
+        t.elapsed().as_secs_f64()
+    );
+    let table = c.ok(&["get", "topology", "line3"]);
+    println!("{table}");
+    let columns: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .expect("a row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &columns[..4],
+        ["line3", "3", "2", "True"],
+        "NAME NODES LINKS READY"
+    );
+    let link = c.ok(&["get", "link", "b-c", "-o", "jsonpath={.status.up}"]);
+    assert_eq!(link, "true", "the Link object reports itself up");
+
+    // Real traffic: python http.server in c, curl in a; b forwards.
+    ephemeral(
+        &c,
+        "line3-c",
+        "web",
+        "python3 -c \"import os; open('/tmp/big','wb').write(os.urandom(20*1024*1024))\" && exec python3 -m http.server 8000 --directory /tmp",
+    );
+    ephemeral(
+        &c,
+        "line3-a",
+        "client",
+        "exec python3 -c 'import time; time.sleep(36000)'",
+    );
+    let expected = sh(
+        &c,
+        "line3-c",
+        "web",
+        "python3 -c \"import hashlib; print(hashlib.sha256(open('/tmp/big','rb').read()).hexdigest())\"",
+    );
+    c.wait_for("the web server in c", Duration::from_secs(30), || {
+        c.kubectl(&[
+            "exec",
+            "line3-a",
+            "-c",
+            "client",
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "http://c:8000/",
+        ])
+        .status
+        .success()
+    });
+    let before: i64 = c
+        .psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'line3' AND c.node = 'b' AND c.link = 'b-c'")
+        .parse()
+        .expect("counter");
+    let (sha, speed) = fetch(&c, "http://c:8000/big");
+    assert_eq!(sha, expected, "the file arrived intact");
+    let unshaped_mbit = speed * 8.0 / 1e6;
+    println!("20 MiB c -> b -> a across pods: {unshaped_mbit:.0} Mbit/s");
+    c.wait_for("b's counters to show the transfer", Duration::from_secs(10), || {
+        let now: i64 = c
+            .psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'line3' AND c.node = 'b' AND c.link = 'b-c'")
+            .parse()
+            .unwrap_or(0);
+        (now - before) as u64 >= 20 * MIB
+    });
+
+    // kubectl patch of a Link reaches the agents and shapes the traffic.
+    let (generation, _) = generation_and_acks(&c);
+    c.ok(&[
+        "patch",
+        "link",
+        "b-c",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"rate":"20Mbit"}}"#,
+    ]);
+    let t = Instant::now();
+    c.wait_for(
+        "the agents to run the patched link",
+        Duration::from_secs(30),
+        || {
+            let (g, acked) = generation_and_acks(&c);
+            g > generation && acked >= g
+        },
+    );
+    println!(
+        "Link patch acknowledged by every agent in {:.2} s",
+        t.elapsed().as_secs_f64()
+    );
+    let (sha, speed) = fetch(&c, "http://c:8000/big");
+    assert_eq!(sha, expected);
+    let shaped_mbit = speed * 8.0 / 1e6;
+    println!("after rate: 20Mbit on b-c: {shaped_mbit:.1} Mbit/s");
+    assert!(
+        shaped_mbit < 22.0 && shaped_mbit > 12.0,
+        "b-c shaped to 20 Mbit/s carried {shaped_mbit:.1} Mbit/s"
+    );
+    assert!(
+        unshaped_mbit > 2.0 * shaped_mbit,
+        "the unshaped run ({unshaped_mbit:.0} Mbit/s) must be faster"
+    );
+
+    // A broken Topology says why, and line3 keeps running.
+    let refused = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: two-shapes}\nspec:\n  generator: {ring: {n: 3}, line: {n: 3}}\n",
+    );
+    assert!(
+        !refused.status.success(),
+        "the API server's CEL rule refuses two generator shapes"
+    );
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("set exactly one of ring, line, star, fatTree"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    let applied = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: broken}\nspec:\n  nodes: [{name: a}]\n  links: [{endpoints: [a, ghost]}]\n",
+    );
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    c.ok(&[
+        "wait",
+        "--for=condition=Planned=false",
+        "topology/broken",
+        "--timeout=60s",
+    ]);
+    let message = c.ok(&[
+        "get",
+        "topology",
+        "broken",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Planned")].message}"#,
+    ]);
+    assert!(
+        message.contains("spec.links[0]") && message.contains("ghost"),
+        "{message}"
+    );
+    c.wait_for(
+        "a warning event on the broken topology",
+        Duration::from_secs(20),
+        || {
+            c.ok(&[
+                "get",
+                "events",
+                "--field-selector",
+                "involvedObject.name=broken",
+                "-o",
+                "jsonpath={.items[*].reason}",
+            ])
+            .contains("InvalidSpec")
+        },
+    );
+    let pods = c.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "nextmini.io/topology=broken",
+        "-o",
+        "name",
+    ]);
+    assert!(
+        pods.trim().is_empty(),
+        "an invalid topology starts nothing: {pods}"
+    );
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/line3",
+        "--timeout=10s",
+    ]);
+    c.ok(&["delete", "topology", "broken", "--timeout=60s"]);
+
+    // kubectl delete leaves no pod, service, secret, row or finalizer.
+    let t = Instant::now();
+    c.ok(&["delete", "topology", "line3", "--timeout=120s"]);
+    c.wait_for("line3's pods to go", Duration::from_secs(90), || {
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=line3",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .is_empty()
+    });
+    println!(
+        "kubectl delete topology line3: everything gone in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    let gone = c.kubectl(&["get", "topology", "line3"]);
+    assert!(
+        !gone.status.success(),
+        "the finalizer was removed and the object is gone"
+    );
+    for object in ["service/nm-line3", "secret/nm-line3-credentials"] {
+        let out = c.kubectl(&["get", object]);
+        assert!(!out.status.success(), "{object} left behind");
+    }
+    assert_eq!(
+        c.psql("SELECT count(*) FROM topologies WHERE name = 'line3'"),
+        "0",
+        "rows left behind"
+    );
+}

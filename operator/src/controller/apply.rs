@@ -1,0 +1,475 @@
+//! Phase 4: make it so — the plan into the store (a new generation only when
+//! something changed, node by node when possible), then the credentials
+//! Secret, the headless Service and the agent pods; then observe and write the
+//! status. Every step is idempotent, so a reconcile can stop anywhere and run
+//! again.
+
+use super::build::{self, hash_of};
+use super::status::{self, Observed, Planning};
+use super::validate::{self, Invalid, Validated};
+use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
+use crate::api::{ConditionStatus, Topology, TopologyStatus};
+use crate::plan::Manifest;
+use crate::runtime::pods;
+use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+/// How often a topology that is not Ready yet is looked at again (agents and
+/// links report to the store, not to the API server).
+const STARTING_RECHECK: Duration = Duration::from_secs(2);
+const READY_RECHECK: Duration = Duration::from_secs(30);
+
+pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let name = topology.name_any();
+    let manifest = super::fetch::manifest(&ctx.client, topology).await?;
+    let stored_runtime = ctx.store.runtime_of(&name).await?;
+    let validated = match validate::validate(&manifest, &namespace, stored_runtime.as_deref()) {
+        Ok(v) => v,
+        Err(invalid) => {
+            refuse(topology, ctx, &invalid).await?;
+            return Ok(Action::await_change());
+        }
+    };
+    let credentials = ensure_credentials(topology, ctx, &validated).await?;
+    let generation = store_plan(ctx, &validated, &namespace, &manifest, &credentials).await?;
+    apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
+    sync_pods(topology, ctx, &validated).await?;
+    let observed = observe(ctx, &namespace, &name, generation).await?;
+    super::members::adopt(ctx, topology, &manifest).await?;
+    super::members::link_statuses(ctx, &manifest, &name).await?;
+    super::members::flow_statuses(ctx, &manifest, &name).await?;
+    let ready = write_status(topology, ctx, Planning::Planned, Some(&observed)).await?;
+    Ok(Action::requeue(if ready {
+        READY_RECHECK
+    } else {
+        STARTING_RECHECK
+    }))
+}
+
+/// Removes the topology's rows and pods; the Service and Secret go with their
+/// owner. A topology of the same name run by someone else is left alone.
+pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let name = topology.name_any();
+    if ctx.store.runtime_of(&name).await?.as_deref()
+        == Some(pods::runtime_name(&namespace).as_str())
+    {
+        ctx.store.delete_topology(&name).await?;
+    }
+    let selector = ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={name}"));
+    let pods_api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
+    pods_api
+        .delete_collection(&DeleteParams::default(), &selector)
+        .await?;
+    ignore_missing(
+        Api::<Service>::namespaced(ctx.client.clone(), &namespace)
+            .delete(&pods::service_name(&name), &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
+    ignore_missing(
+        Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
+            .delete(&pods::credentials_secret(&name), &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
+    publish(
+        ctx,
+        topology,
+        EventType::Normal,
+        "Deleted",
+        "removed the topology's pods and rows",
+    )
+    .await;
+    Ok(Action::await_change())
+}
+
+async fn refuse(topology: &Topology, ctx: &Context, invalid: &Invalid) -> Result<(), Error> {
+    let before = status::condition(topology.status.as_ref(), "Planned")
+        .map(|c| (c.status, c.message.clone()));
+    write_status(topology, ctx, Planning::Refused(invalid), None).await?;
+    if before != Some((ConditionStatus::False, invalid.message.clone())) {
+        publish(
+            ctx,
+            topology,
+            EventType::Warning,
+            invalid.reason,
+            &invalid.message,
+        )
+        .await;
+    }
+    Ok(())
+}
+
+/// Each node's credential, kept in the topology's Secret across reconciles;
+/// new nodes get new ones.
+async fn ensure_credentials(
+    topology: &Topology,
+    ctx: &Context,
+    validated: &Validated,
+) -> Result<BTreeMap<String, String>, Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let name = &validated.plan.topology;
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let existing: BTreeMap<String, String> = api
+        .get_opt(&pods::credentials_secret(name))
+        .await?
+        .and_then(|s| s.data)
+        .unwrap_or_default()
+        .into_iter()
+        .filter_map(|(k, v)| Some((k, String::from_utf8(v.0).ok()?)))
+        .collect();
+    let credentials: BTreeMap<String, String> = validated
+        .plan
+        .nodes
+        .iter()
+        .map(|n| {
+            let c = existing
+                .get(&n.name)
+                .cloned()
+                .unwrap_or_else(|| hex::encode(rand::random::<[u8; 32]>()));
+            (n.name.clone(), c)
+        })
+        .collect();
+    if credentials != existing {
+        apply_object(
+            &ctx.client,
+            &namespace,
+            &build::credentials(topology, name, &credentials),
+        )
+        .await?;
+    }
+    Ok(credentials)
+}
+
+/// What the store compares to decide whether the desired state changed.
+fn source_of(manifest: &Manifest) -> String {
+    let topology = manifest.topologies.first().map(|d| &d.object.spec);
+    let links: Vec<_> = manifest
+        .links
+        .iter()
+        .map(|d| (d.object.name_any(), &d.object.spec))
+        .collect();
+    let flows: Vec<_> = manifest
+        .flows
+        .iter()
+        .map(|d| (d.object.name_any(), &d.object.spec))
+        .collect();
+    json!({"topology": topology, "links": links, "flows": flows}).to_string()
+}
+
+fn hashes<'a>(
+    credentials: &BTreeMap<String, String>,
+    nodes: impl Iterator<Item = &'a String>,
+) -> BTreeMap<String, String> {
+    nodes
+        .filter_map(|n| {
+            Some((
+                n.clone(),
+                hex::encode(Sha256::digest(credentials.get(n)?.as_bytes())),
+            ))
+        })
+        .collect()
+}
+
+/// Stores the plan when it changed and returns the generation in force.
+async fn store_plan(
+    ctx: &Context,
+    validated: &Validated,
+    namespace: &str,
+    manifest: &Manifest,
+    credentials: &BTreeMap<String, String>,
+) -> Result<i64, Error> {
+    let store = &ctx.store;
+    let plan = &validated.plan;
+    let source = source_of(manifest);
+    if store.source_of(&plan.topology).await?.as_deref() == Some(source.as_str())
+        && let Some(g) = store.generation(&plan.topology).await?
+    {
+        return Ok(g);
+    }
+    let changes = store
+        .load_plan(&plan.topology)
+        .await?
+        .and_then(|(running, _)| running.node_changes(plan));
+    let generation = match changes {
+        Some(changes) => {
+            let added = hashes(credentials, changes.added.iter());
+            let g = store
+                .apply_node_changes(plan, &source, &changes.removed, &added)
+                .await?;
+            // A node whose addresses changed needs a new agent.
+            let restarted: Vec<&String> = changes
+                .added
+                .iter()
+                .filter(|n| changes.removed.contains(n))
+                .collect();
+            if !restarted.is_empty() {
+                delete_pods(ctx, namespace, &plan.topology, |p| {
+                    p.labels()
+                        .get(super::NODE_LABEL)
+                        .is_some_and(|n| restarted.contains(&n))
+                })
+                .await?;
+            }
+            g
+        }
+        None => {
+            let all = hashes(credentials, plan.nodes.iter().map(|n| &n.name));
+            let g = store
+                .apply_plan(plan, &pods::runtime_name(namespace), &source, &all)
+                .await?;
+            // Topology-wide settings changed (or it is new): agents start afresh.
+            delete_pods(ctx, namespace, &plan.topology, |_| true).await?;
+            g
+        }
+    };
+    store.ensure_link_identity(&plan.topology).await?;
+    tracing::info!(topology = %plan.topology, %namespace, generation, "stored a new generation");
+    Ok(generation)
+}
+
+async fn delete_pods(
+    ctx: &Context,
+    namespace: &str,
+    topology: &str,
+    which: impl Fn(&Pod) -> bool,
+) -> Result<(), Error> {
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), namespace);
+    let existing = api
+        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
+        .await?;
+    for pod in existing.items.iter().filter(|p| which(p)) {
+        ignore_missing(
+            api.delete(&pod.name_any(), &DeleteParams::default())
+                .await
+                .map(|_| ()),
+        )?;
+    }
+    Ok(())
+}
+
+/// Creates missing pods, replaces those whose spec changed and removes those
+/// of nodes that are gone.
+async fn sync_pods(topology: &Topology, ctx: &Context, validated: &Validated) -> Result<(), Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let name = &validated.plan.topology;
+    let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
+    let existing: HashMap<String, Pod> = api
+        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={name}")))
+        .await?
+        .items
+        .into_iter()
+        .map(|p| (p.name_any(), p))
+        .collect();
+    let desired = build::agent_pods(topology, validated, &ctx.settings);
+    let mut created = 0;
+    for pod in &desired {
+        match existing.get(&pod.name_any()) {
+            None => match api.create(&PostParams::default(), pod).await {
+                Ok(_) => created += 1,
+                Err(kube::Error::Api(e)) if e.code == 409 => {}
+                Err(e) => return Err(e.into()),
+            },
+            Some(live) if live.metadata.deletion_timestamp.is_some() => {}
+            Some(live) if hash_of(live) != hash_of(pod) => {
+                tracing::info!(pod = %pod.name_any(), "pod spec changed; replacing the pod");
+                ignore_missing(
+                    api.delete(&live.name_any(), &DeleteParams::default())
+                        .await
+                        .map(|_| ()),
+                )?;
+            }
+            Some(_) => {}
+        }
+    }
+    let wanted: Vec<String> = desired.iter().map(|p| p.name_any()).collect();
+    for (pod, live) in &existing {
+        if !wanted.contains(pod) && live.metadata.deletion_timestamp.is_none() {
+            ignore_missing(api.delete(pod, &DeleteParams::default()).await.map(|_| ()))?;
+        }
+    }
+    if created > 0 {
+        publish(
+            ctx,
+            topology,
+            EventType::Normal,
+            "PodsCreated",
+            &format!("created {created} agent pod(s)"),
+        )
+        .await;
+    }
+    Ok(())
+}
+
+async fn observe(
+    ctx: &Context,
+    namespace: &str,
+    topology: &str,
+    generation: i64,
+) -> Result<Observed, Error> {
+    let row = ctx.store.status(topology).await?;
+    let mut observed = Observed::default();
+    if let Some(row) = row {
+        observed.nodes_total = row.nodes.len() as u32;
+        observed.nodes_ready = row
+            .nodes
+            .iter()
+            .filter(|n| n.agent_state == "connected" && n.acked_generation >= generation)
+            .count() as u32;
+        observed.links_total = row.links.len() as u32;
+        observed.links_up = row.links.iter().filter(|l| l.connected).count() as u32;
+    }
+    let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
+        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
+        .await?;
+    observed.pod_problems = pods.items.iter().filter_map(pod_problem).collect();
+    Ok(observed)
+}
+
+/// Why a pod cannot run, if it cannot.
+fn pod_problem(pod: &Pod) -> Option<String> {
+    const STUCK: &[&str] = &[
+        "CrashLoopBackOff",
+        "ImagePullBackOff",
+        "ErrImagePull",
+        "ErrImageNeverPull",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "RunContainerError",
+        "InvalidImageName",
+    ];
+    let status = pod.status.as_ref()?;
+    if status.phase.as_deref() == Some("Failed") {
+        return Some(format!("{}: failed", pod.name_any()));
+    }
+    if let Some(c) = status.conditions.iter().flatten().find(|c| {
+        c.type_ == "PodScheduled"
+            && c.status == "False"
+            && c.reason.as_deref() == Some("Unschedulable")
+    }) {
+        return Some(format!(
+            "{}: unschedulable: {}",
+            pod.name_any(),
+            c.message.clone().unwrap_or_default()
+        ));
+    }
+    status.container_statuses.iter().flatten().find_map(|c| {
+        let waiting = c.state.as_ref()?.waiting.as_ref()?;
+        let reason = waiting.reason.as_deref()?;
+        STUCK
+            .contains(&reason)
+            .then(|| format!("{} container {}: {reason}", pod.name_any(), c.name))
+    })
+}
+
+/// Writes the status when it changed (ignoring transition times) and
+/// publishes events on transitions; returns whether the topology is Ready.
+async fn write_status(
+    topology: &Topology,
+    ctx: &Context,
+    planning: Planning<'_>,
+    observed: Option<&Observed>,
+) -> Result<bool, Error> {
+    let previous = topology.status.as_ref();
+    let next: TopologyStatus = status::next(
+        previous,
+        topology.metadata.generation,
+        planning,
+        observed,
+        k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now()),
+    );
+    let ready =
+        status::condition(Some(&next), "Ready").is_some_and(|c| c.status == ConditionStatus::True);
+    if previous.is_some_and(|p| status::same_ignoring_time(p, &next)) {
+        return Ok(ready);
+    }
+    let was_ready =
+        status::condition(previous, "Ready").is_some_and(|c| c.status == ConditionStatus::True);
+    let was_degraded =
+        status::condition(previous, "Degraded").is_some_and(|c| c.status == ConditionStatus::True);
+    let api = Api::<Topology>::namespaced(
+        ctx.client.clone(),
+        &topology.namespace().unwrap_or_default(),
+    );
+    let patch = json!({"apiVersion": crate::api::API_VERSION, "kind": "Topology", "status": next});
+    api.patch_status(
+        &topology.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&patch),
+    )
+    .await?;
+    if ready && !was_ready {
+        publish(
+            ctx,
+            topology,
+            EventType::Normal,
+            "Ready",
+            "every agent runs the current spec and every link is up",
+        )
+        .await;
+    }
+    if let Some(d) =
+        status::condition(Some(&next), "Degraded").filter(|d| d.status == ConditionStatus::True)
+        && !was_degraded
+    {
+        publish(ctx, topology, EventType::Warning, "Degraded", &d.message).await;
+    }
+    Ok(ready)
+}
+
+async fn publish(ctx: &Context, topology: &Topology, type_: EventType, reason: &str, note: &str) {
+    // Events carry at most 1 kB of note.
+    let note: String = note.chars().take(1000).collect();
+    let event = Event {
+        type_,
+        reason: reason.to_string(),
+        note: Some(note),
+        action: "Reconcile".into(),
+        secondary: None,
+    };
+    if let Err(e) = ctx
+        .recorder
+        .publish(&event, &topology.object_ref(&()))
+        .await
+    {
+        tracing::debug!(error = %e, "publishing an event failed");
+    }
+}
+
+/// Server-side apply of an object the operator owns.
+async fn apply_object<K>(client: &kube::Client, namespace: &str, object: &K) -> Result<(), Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = Api::<K>::namespaced(client.clone(), namespace);
+    let mut value = serde_json::to_value(object).map_err(|e| Error::Other(e.to_string()))?;
+    value["apiVersion"] = json!(K::api_version(&()));
+    value["kind"] = json!(K::kind(&()));
+    api.patch(
+        &object.name_any(),
+        &PatchParams::apply(MANAGER).force(),
+        &Patch::Apply(&value),
+    )
+    .await?;
+    Ok(())
+}
+
+fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
+    match result {
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
+        other => Ok(other?),
+    }
+}

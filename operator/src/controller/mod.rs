@@ -1,0 +1,139 @@
+//! The Kubernetes operator: kube-rs controllers reconciling `Topology` (with the
+//! `Link` and `Flow` objects naming it) into agent pods, a headless Service, a
+//! credentials Secret and rows in PostgreSQL, which the control hub turns into
+//! the agents' snapshots.
+//!
+//! Reconcile is a pipeline, one module per phase:
+//! [`fetch`] (the objects) → [`validate`] (pure: the same planner as local mode)
+//! → [`build`] (pure: desired Kubernetes objects) → [`apply`] (store and API
+//! server) → [`status`] (pure conditions, written by server-side apply).
+
+pub mod apply;
+pub mod build;
+pub mod fetch;
+pub mod members;
+pub mod status;
+pub mod validate;
+
+use crate::api::{Flow, Link, Topology};
+use crate::store::Store;
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::finalizer::{Event as Finalizer, finalizer};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client, ResourceExt};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Finalizer that keeps a Topology until its rows are gone from the store.
+pub const FINALIZER: &str = "nextmini.io/cleanup";
+/// Field manager of everything the operator writes by server-side apply.
+pub const MANAGER: &str = "nextmini-operator";
+/// `app.kubernetes.io/managed-by` of the objects the operator makes.
+pub const MANAGED_BY: &str = "nextmini-operator";
+pub const TOPOLOGY_LABEL: &str = "nextmini.io/topology";
+pub const NODE_LABEL: &str = "nextmini.io/node";
+
+/// What every agent pod is made with; fixed for the operator's lifetime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// What agents dial, e.g. `http://nextmini-hub.nextmini.svc:50051`.
+    pub hub_address: String,
+    pub agent_image: String,
+    pub agent_image_pull_policy: String,
+    /// `RUST_LOG` of the agents.
+    pub agent_log: String,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub store: Store,
+    pub settings: Settings,
+    pub recorder: Recorder,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("store: {0}")]
+    Store(#[from] crate::store::StoreError),
+    #[error("{0}")]
+    Other(String),
+}
+
+/// Runs the Topology controller until SIGTERM/SIGINT. `namespace` limits it to
+/// one namespace; `None` watches all of them.
+pub async fn run(client: Client, store: Store, settings: Settings, namespace: Option<String>) {
+    let (topologies, links, flows, pods) = match &namespace {
+        Some(ns) => (
+            Api::<Topology>::namespaced(client.clone(), ns),
+            Api::<Link>::namespaced(client.clone(), ns),
+            Api::<Flow>::namespaced(client.clone(), ns),
+            Api::<Pod>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::<Topology>::all(client.clone()),
+            Api::<Link>::all(client.clone()),
+            Api::<Flow>::all(client.clone()),
+            Api::<Pod>::all(client.clone()),
+        ),
+    };
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: MANAGER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        },
+    );
+    let context = Arc::new(Context {
+        client,
+        store,
+        settings,
+        recorder,
+    });
+    let owned_pods =
+        watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
+    Controller::new(topologies, watcher::Config::default())
+        .owns(pods, owned_pods)
+        .watches(links, watcher::Config::default(), |link: Link| {
+            let ns = link.namespace()?;
+            Some(ObjectRef::<Topology>::new(&link.spec.topology).within(&ns))
+        })
+        .watches(flows, watcher::Config::default(), |flow: Flow| {
+            let ns = flow.namespace()?;
+            Some(ObjectRef::<Topology>::new(&flow.spec.topology).within(&ns))
+        })
+        .shutdown_on_signal()
+        .run(reconcile, error_policy, context)
+        .for_each(|result| async move {
+            match result {
+                Ok((object, _)) => tracing::debug!(topology = %object.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+async fn reconcile(topology: Arc<Topology>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let namespace = topology
+        .namespace()
+        .ok_or_else(|| Error::Other("a Topology is namespaced".into()))?;
+    let api = Api::<Topology>::namespaced(ctx.client.clone(), &namespace);
+    finalizer(&api, FINALIZER, topology, |event| async {
+        match event {
+            Finalizer::Apply(t) => apply::reconcile(&t, &ctx).await,
+            Finalizer::Cleanup(t) => apply::cleanup(&t, &ctx).await,
+        }
+    })
+    .await
+    .map_err(|e| Error::Other(e.to_string()))
+}
+
+fn error_policy(topology: Arc<Topology>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(topology = %topology.name_any(), %error, "reconcile failed; retrying");
+    Action::requeue(Duration::from_secs(5))
+}

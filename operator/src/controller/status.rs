@@ -1,0 +1,295 @@
+//! Phase 5: the Topology's status. Conditions are computed by pure code from
+//! what was observed and compared without timestamps, so an unchanged status
+//! keeps its transition times and writes nothing new.
+
+use super::validate::Invalid;
+use crate::api::{Condition, ConditionStatus, TopologyStatus};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// What the store and the API server say about a running topology.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Observed {
+    pub nodes_total: u32,
+    /// Agents connected and running the current generation.
+    pub nodes_ready: u32,
+    pub links_total: u32,
+    pub links_up: u32,
+    /// Pods that cannot run, with the reason (`line3-b: ImagePullBackOff`).
+    pub pod_problems: Vec<String>,
+}
+
+/// The outcome of planning, for the `Planned` condition.
+pub enum Planning<'a> {
+    Planned,
+    Refused(&'a Invalid),
+}
+
+/// The next status from the previous one: conditions whose status is unchanged
+/// keep their transition time.
+pub fn next(
+    previous: Option<&TopologyStatus>,
+    generation: Option<i64>,
+    planning: Planning<'_>,
+    observed: Option<&Observed>,
+    now: Time,
+) -> TopologyStatus {
+    let previous_conditions = previous.map(|s| s.conditions.as_slice()).unwrap_or(&[]);
+    let mut wanted: Vec<(String, ConditionStatus, String, String)> = Vec::new();
+    let mut push = |t: &str, s: ConditionStatus, r: &str, m: String| {
+        wanted.push((t.to_string(), s, r.to_string(), m));
+    };
+    match &planning {
+        Planning::Planned => push(
+            "Planned",
+            ConditionStatus::True,
+            "Planned",
+            "the spec is valid and stored".into(),
+        ),
+        Planning::Refused(invalid) => push(
+            "Planned",
+            ConditionStatus::False,
+            invalid.reason,
+            invalid.message.clone(),
+        ),
+    }
+    let o = observed.cloned().unwrap_or_default();
+    let nodes_ok = observed.is_some() && o.nodes_ready == o.nodes_total;
+    let links_ok = observed.is_some() && o.links_up == o.links_total;
+    if observed.is_some() {
+        push(
+            "NodesReady",
+            bool_status(nodes_ok),
+            if nodes_ok {
+                "AgentsReady"
+            } else {
+                "AgentsStarting"
+            },
+            format!(
+                "{}/{} agents connected and running the current generation",
+                o.nodes_ready, o.nodes_total
+            ),
+        );
+        push(
+            "LinksReady",
+            bool_status(links_ok),
+            if links_ok {
+                "LinksUp"
+            } else {
+                "LinksConnecting"
+            },
+            format!("{}/{} links up", o.links_up, o.links_total),
+        );
+        if o.pod_problems.is_empty() {
+            push(
+                "Degraded",
+                ConditionStatus::False,
+                "PodsHealthy",
+                "no pod is failing".into(),
+            );
+        } else {
+            push(
+                "Degraded",
+                ConditionStatus::True,
+                "PodsFailing",
+                o.pod_problems.join("; "),
+            );
+        }
+    }
+    match (&planning, nodes_ok && links_ok) {
+        (Planning::Refused(invalid), _) => push(
+            "Ready",
+            ConditionStatus::False,
+            invalid.reason,
+            "the last change was refused (see the Planned condition); what ran before runs on"
+                .into(),
+        ),
+        (Planning::Planned, true) => push(
+            "Ready",
+            ConditionStatus::True,
+            "Ready",
+            "every agent runs the current spec and every link is up".into(),
+        ),
+        (Planning::Planned, false) => push(
+            "Ready",
+            ConditionStatus::False,
+            "Starting",
+            format!(
+                "{}/{} agents ready, {}/{} links up",
+                o.nodes_ready, o.nodes_total, o.links_up, o.links_total
+            ),
+        ),
+    }
+    let conditions = wanted
+        .into_iter()
+        .map(|(type_, status, reason, message)| {
+            let kept_time = previous_conditions
+                .iter()
+                .find(|c| c.type_ == type_ && c.status == status)
+                .map(|c| c.last_transition_time.clone());
+            Condition {
+                type_,
+                status,
+                reason,
+                message,
+                last_transition_time: kept_time.unwrap_or_else(|| now.clone()),
+                observed_generation: generation,
+            }
+        })
+        .collect();
+    let (nodes_ready, nodes_total, links_up, links_total) = match observed {
+        Some(o) => (o.nodes_ready, o.nodes_total, o.links_up, o.links_total),
+        // A refused change: the counts of what runs are kept.
+        None => previous
+            .map(|p| (p.nodes_ready, p.nodes_total, p.links_up, p.links_total))
+            .unwrap_or_default(),
+    };
+    TopologyStatus {
+        observed_generation: generation,
+        conditions,
+        nodes_ready,
+        nodes_total,
+        links_up,
+        links_total,
+    }
+}
+
+fn bool_status(b: bool) -> ConditionStatus {
+    if b {
+        ConditionStatus::True
+    } else {
+        ConditionStatus::False
+    }
+}
+
+/// Whether two statuses differ in anything but transition times.
+pub fn same_ignoring_time(a: &TopologyStatus, b: &TopologyStatus) -> bool {
+    let strip = |s: &TopologyStatus| {
+        let mut s = s.clone();
+        for c in &mut s.conditions {
+            c.last_transition_time = Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        }
+        s
+    };
+    strip(a) == strip(b)
+}
+
+/// The status of a condition type, if set.
+pub fn condition<'a>(status: Option<&'a TopologyStatus>, type_: &str) -> Option<&'a Condition> {
+    status?.conditions.iter().find(|c| c.type_ == type_)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(secs: i64) -> Time {
+        Time(k8s_openapi::jiff::Timestamp::from_second(secs).expect("valid time"))
+    }
+
+    fn observed(ready: u32, up: u32) -> Observed {
+        Observed {
+            nodes_total: 3,
+            nodes_ready: ready,
+            links_total: 2,
+            links_up: up,
+            pod_problems: vec![],
+        }
+    }
+
+    fn get<'a>(s: &'a TopologyStatus, t: &str) -> &'a Condition {
+        condition(Some(s), t).expect("condition present")
+    }
+
+    #[test]
+    fn ready_needs_every_agent_and_link() {
+        let s = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 1)),
+            at(10),
+        );
+        assert_eq!(get(&s, "Ready").status, ConditionStatus::False);
+        assert_eq!(get(&s, "LinksReady").message, "1/2 links up");
+        let s = next(
+            Some(&s),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(20),
+        );
+        assert_eq!(get(&s, "Ready").status, ConditionStatus::True);
+        assert_eq!((s.nodes_ready, s.links_up), (3, 2));
+        assert_eq!(s.observed_generation, Some(1));
+    }
+
+    #[test]
+    fn transition_times_move_only_when_the_status_does() {
+        let first = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(10),
+        );
+        let again = next(
+            Some(&first),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(99),
+        );
+        assert_eq!(get(&again, "Ready").last_transition_time, at(10));
+        assert!(same_ignoring_time(&first, &again));
+        let down = next(
+            Some(&again),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(2, 2)),
+            at(120),
+        );
+        assert_eq!(get(&down, "Ready").last_transition_time, at(120));
+        assert_eq!(get(&down, "Planned").last_transition_time, at(10));
+        assert!(!same_ignoring_time(&again, &down));
+    }
+
+    #[test]
+    fn a_refused_change_says_why_and_keeps_the_counts() {
+        let running = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(10),
+        );
+        let invalid = Invalid {
+            reason: "InvalidSpec",
+            message: "link/a-z spec.endpoints[1]: unknown node z".into(),
+        };
+        let s = next(
+            Some(&running),
+            Some(2),
+            Planning::Refused(&invalid),
+            None,
+            at(20),
+        );
+        let planned = get(&s, "Planned");
+        assert_eq!(
+            (planned.status, planned.reason.as_str()),
+            (ConditionStatus::False, "InvalidSpec")
+        );
+        assert!(planned.message.contains("spec.endpoints[1]"));
+        assert_eq!(get(&s, "Ready").status, ConditionStatus::False);
+        assert_eq!((s.nodes_ready, s.links_up), (3, 2));
+    }
+
+    #[test]
+    fn failing_pods_mark_the_topology_degraded() {
+        let mut o = observed(2, 2);
+        o.pod_problems = vec!["line3-b: CrashLoopBackOff".into()];
+        let s = next(None, Some(1), Planning::Planned, Some(&o), at(10));
+        let d = get(&s, "Degraded");
+        assert_eq!(d.status, ConditionStatus::True);
+        assert!(d.message.contains("line3-b"));
+    }
+}
