@@ -17,7 +17,7 @@ here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 seconds=${FUZZ_SECONDS:-20}
 targets=("$@")
 if [[ ${#targets[@]} -eq 0 ]]; then
-  targets=(frame_decoder flow_key control_messages)
+  targets=(frame_decoder flow_key control_messages socks5)
 fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

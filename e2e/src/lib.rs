@@ -14,6 +14,9 @@ pub struct Env {
     pub pg_port: u16,
     bin_dir: PathBuf,
     background: Vec<Child>,
+    /// Whether dropping the environment sweeps the whole machine (`down --all`)
+    /// or removes only this environment's topologies (`down`).
+    sweep_machine: bool,
 }
 
 /// Where cargo put the binaries: next to this test's `deps/` directory, unless
@@ -58,7 +61,17 @@ impl Env {
             pg_port: 56000 + (std::process::id() % 1000) as u16,
             bin_dir,
             background: Vec::new(),
+            sweep_machine: true,
         }
+    }
+
+    /// Like [`Env::new`], but dropping it removes only this environment's own
+    /// topologies (`down`, never `down --all`), so it can run while other suites
+    /// or users have topologies on the same machine.
+    pub fn beside_others(name: &str) -> Env {
+        let mut env = Env::new(name);
+        env.sweep_machine = false;
+        env
     }
 
     /// The agent binary under test.
@@ -179,8 +192,12 @@ impl Drop for Env {
             let _ = child.kill();
             let _ = child.wait();
         }
-        // `--all`: whatever a failed test left, the next suite starts clean.
-        let _ = self.run(&["down", "--all"]);
+        if self.sweep_machine {
+            // `--all`: whatever a failed test left, the next suite starts clean.
+            let _ = self.run(&["down", "--all"]);
+        } else {
+            let _ = self.run(&["down"]);
+        }
         let _ = std::fs::remove_dir_all(&self.state_dir);
     }
 }

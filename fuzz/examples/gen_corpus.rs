@@ -19,6 +19,7 @@ fn main() -> std::io::Result<()> {
         ("frame_decoder", frame_seeds()),
         ("flow_key", flow_seeds()),
         ("control_messages", control_seeds()),
+        ("socks5", socks_seeds()),
     ] {
         let dir: PathBuf = root.join(target);
         std::fs::create_dir_all(&dir)?;
@@ -226,6 +227,9 @@ fn node(name: &str, last: u8) -> pb::NodeConfig {
             .collect(),
         link_cert_der: Vec::new(),
         link_key_der: Vec::new(),
+        // Unset, so the seeds stay the bytes they were before max mode.
+        max_port: 0,
+        socks: Vec::new(),
     }
 }
 
@@ -629,5 +633,41 @@ fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
                 }],
             })),
         ),
+    ]
+}
+
+// ---- SOCKS5 and max-mode headers ---------------------------------------------
+
+fn socks_seeds() -> Vec<(&'static str, Vec<u8>)> {
+    use nextmini_agent::maxmode::header::MaxHeader;
+    use nextmini_agent::socks::handshake::{Request, Target, encode_request};
+    let request =
+        |target: Target| encode_request(&Request { command: 1, target }).expect("short name");
+    let by_name = request(Target::Domain("c".into(), 8000));
+    let by_v4 = request(Target::Addr("198.18.0.3:8000".parse().expect("addr")));
+    let by_v6 = request(Target::Addr("[2001:db8::3]:443".parse().expect("addr")));
+    let credentials = [&[1u8, 5][..], b"alice", &[6], b"secret"].concat();
+    let key = nextmini_agent::link_auth::LinkKey::from_identity(b"fuzz topology").expect("key");
+    let header = MaxHeader {
+        hops: 1,
+        label: 3,
+        src: "198.18.0.1:40000".parse().expect("addr"),
+        dst: "198.18.0.3:8000".parse().expect("addr"),
+    };
+    vec![
+        ("greeting", vec![5, 2, 0, 2]),
+        ("credentials", credentials.clone()),
+        ("request-name", by_name.clone()),
+        ("request-v4", by_v4),
+        ("request-v6", by_v6),
+        (
+            "session-noauth",
+            [&[5, 1, 0][..], &by_name, b"GET / HTTP/1.1"].concat(),
+        ),
+        (
+            "session-userpass",
+            [&[5, 1, 2][..], &credentials, &by_name].concat(),
+        ),
+        ("max-header", header.seal(&key, 1_000_000).to_vec()),
     ]
 }

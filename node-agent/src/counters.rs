@@ -78,3 +78,65 @@ pub struct NodeCounters {
     pub tun_rx_packets: AtomicU64,
     pub tun_tx_packets: AtomicU64,
 }
+
+/// SOCKS and max-mode relays of this agent (read by the metrics collector).
+#[derive(Debug, Default)]
+pub struct RelayCounters {
+    /// Bytes this agent moved between two sockets, both directions summed, by mode.
+    pub normal_bytes: AtomicU64,
+    pub max_bytes: AtomicU64,
+    /// Relayed connections set up, by mode, and how many run now.
+    pub normal_connections: AtomicU64,
+    pub max_connections: AtomicU64,
+    pub normal_active: AtomicU64,
+    pub max_active: AtomicU64,
+    /// Directions of relayed connections that splice() refused, moved by a copy loop.
+    pub splice_fallbacks: AtomicU64,
+    /// SOCKS clients turned away, by reason.
+    pub socks_refused_auth: AtomicU64,
+    pub socks_refused_request: AtomicU64,
+    pub socks_refused_connect: AtomicU64,
+    /// Max-mode hop connections refused (bad header or tag, no route, hop limit).
+    pub max_refused: AtomicU64,
+}
+
+impl RelayCounters {
+    pub fn bytes(&self, max: bool) -> &AtomicU64 {
+        if max {
+            &self.max_bytes
+        } else {
+            &self.normal_bytes
+        }
+    }
+
+    /// Counts a relayed connection, active until the guard is dropped.
+    pub fn connection(self: &std::sync::Arc<Self>, max: bool) -> ActiveRelay {
+        let (total, active) = if max {
+            (&self.max_connections, &self.max_active)
+        } else {
+            (&self.normal_connections, &self.normal_active)
+        };
+        total.fetch_add(1, Relaxed);
+        active.fetch_add(1, Relaxed);
+        ActiveRelay {
+            counters: self.clone(),
+            max,
+        }
+    }
+}
+
+pub struct ActiveRelay {
+    counters: std::sync::Arc<RelayCounters>,
+    max: bool,
+}
+
+impl Drop for ActiveRelay {
+    fn drop(&mut self) {
+        let active = if self.max {
+            &self.counters.max_active
+        } else {
+            &self.counters.normal_active
+        };
+        active.fetch_sub(1, Relaxed);
+    }
+}

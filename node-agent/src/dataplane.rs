@@ -68,17 +68,27 @@ pub struct Dataplane {
     /// then kept, so flows survive reconnects and later snapshots.
     synth: Option<crate::synth::Synth>,
     synth_slot: crate::synth::SynthSlot,
+    /// The SOCKS servers' and the max-mode relay's shared state.
+    relay: Arc<crate::relay::Relay>,
+    /// SOCKS listeners bound before the agent entered its namespace; served once
+    /// the first snapshot has started the dataplane.
+    socks_listeners: Vec<(SocketAddr, std::net::TcpListener)>,
+    socks_bound: Vec<SocketAddr>,
+    /// The node's config from the last snapshot (deltas do not carry it).
+    current_node: pb::NodeConfig,
 }
 
 impl Dataplane {
     pub fn new(topology: String, node: String, tun_name: String) -> Dataplane {
+        let routes: Routes = Arc::new(ArcSwap::from_pointee(RouteTable::empty()));
+        let relay = Arc::new(crate::relay::Relay::new(routes.clone(), Arc::default()));
         Dataplane {
             topology,
             node,
             tun_name,
             identity: None,
             context: None,
-            routes: Arc::new(ArcSwap::from_pointee(RouteTable::empty())),
+            routes,
             links: Arc::new(ArcSwap::from_pointee(HashMap::new())),
             counters: Arc::new(NodeCounters::default()),
             generation: 0,
@@ -87,7 +97,22 @@ impl Dataplane {
             current_routes: pb::RouteTable::default(),
             synth: None,
             synth_slot: Arc::default(),
+            relay,
+            socks_listeners: Vec::new(),
+            socks_bound: Vec::new(),
+            current_node: pb::NodeConfig::default(),
         }
+    }
+
+    /// SOCKS listeners the agent bound at start (outside its namespace). Their
+    /// settings come with the snapshot, which names them by address.
+    pub fn with_socks_listeners(
+        mut self,
+        listeners: Vec<(SocketAddr, std::net::TcpListener)>,
+    ) -> Dataplane {
+        self.socks_bound = listeners.iter().map(|(a, _)| *a).collect();
+        self.socks_listeners = listeners;
+        self
     }
 
     /// The synthetic flows' stack, if this node has had flows.
@@ -110,6 +135,7 @@ impl Dataplane {
                 u16::try_from(context.mtu).unwrap_or(u16::MAX),
                 context.processors.clone(),
                 &self.synth_slot,
+                self.relay.clone(),
             )
         });
         synth.set_tasks(flows);
@@ -125,6 +151,7 @@ impl Dataplane {
             links: self.links.clone(),
             node: self.counters.clone(),
             state: self.agent.clone(),
+            relay: self.relay.counters.clone(),
         }
     }
 
@@ -132,6 +159,7 @@ impl Dataplane {
         let node = snapshot.node.as_ref().ok_or(ApplyError::NoNode)?;
         let flows = crate::synth::task::parse_all(&snapshot.flows)?;
         let context = self.ensure_started(node).await?;
+        self.current_node = node.clone();
         self.apply_config(
             snapshot.links,
             snapshot.routes.unwrap_or_default(),
@@ -175,15 +203,50 @@ impl Dataplane {
     ) -> Result<(), ApplyError> {
         let map = self.build_links(&links, context)?;
         let table = RouteTable::from_proto(&routes, |name| map.get(name).cloned())?;
+        let view = self.relay_view(&links, &routes)?;
         // Links first, so the listener knows every link the new routes may use;
         // then the routes, in one swap: a flow sees the old table or the new one.
         self.links.store(Arc::new(map));
         self.routes.store(Arc::new(table));
+        self.relay.view.store(Arc::new(view));
         self.generation = generation;
         self.agent.set_generation(generation);
         self.current_links = links;
         self.current_routes = routes;
         Ok(())
+    }
+
+    /// The relays' view of the new config. A SOCKS server the agent has no
+    /// listener for cannot be added without a restart (its address is outside
+    /// the namespace), so that is an error.
+    fn relay_view(
+        &self,
+        links: &[pb::LinkConfig],
+        routes: &pb::RouteTable,
+    ) -> Result<crate::relay::View, ApplyError> {
+        let overlay = self
+            .identity
+            .as_ref()
+            .map(|i| i.overlay)
+            .ok_or(ApplyError::NoSnapshot)?;
+        let view = crate::relay::View::build(&self.current_node, overlay, links, routes)
+            .map_err(|(field, reason)| invalid(field, reason))?;
+        for (i, s) in self.current_node.socks.iter().enumerate() {
+            let bound = s
+                .listen
+                .parse::<SocketAddr>()
+                .is_ok_and(|a| self.socks_bound.contains(&a));
+            if !bound {
+                return Err(invalid(
+                    format!("node.socks[{i}].listen"),
+                    format!(
+                        "this agent was started without a listener on {}; restart the node to serve it",
+                        s.listen
+                    ),
+                ));
+            }
+        }
+        Ok(view)
     }
 
     /// Per-link counters for the reporter.
@@ -261,6 +324,16 @@ impl Dataplane {
             self.links.clone(),
             crate::link_auth::LinkKey::from_identity(&node.link_key_der),
         ));
+        if let Some(port) = u16::try_from(node.max_port).ok().filter(|p| *p != 0) {
+            let addr = SocketAddr::new(identity.listen.ip(), port);
+            let max = listener::bind(addr).await?;
+            tokio::spawn(crate::maxmode::serve(max, self.relay.clone()));
+            tracing::info!(listen = %addr, "max-mode relay started");
+        }
+        crate::socks::spawn(
+            std::mem::take(&mut self.socks_listeners),
+            self.relay.clone(),
+        )?;
         tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, "dataplane started");
         let context = LinkContext {
             processors,

@@ -3,6 +3,8 @@
 //! Pure cores (no I/O, tested with plain inputs): [`frame`], [`flow`], [`jump_hash`],
 //! [`routing`]. Actors (a task owning its state, driven through a handle holding a
 //! bounded sender): TUN reader/writer, links, processors, the controller interface.
+//! Ways in from outside: SOCKS5 servers ([`socks`]), in normal mode through the
+//! dataplane or in max mode spliced hop by hop past it ([`maxmode`]).
 
 pub mod flow;
 pub mod frame;
@@ -18,10 +20,13 @@ pub mod dataplane;
 pub mod link;
 pub mod link_auth;
 pub mod listener;
+pub mod maxmode;
 pub mod metrics;
 pub mod netns;
 pub mod packet;
 pub mod processor;
 pub mod quic;
+pub mod relay;
+pub mod socks;
 pub mod timer;
 pub mod tun_io;

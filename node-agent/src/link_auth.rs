@@ -25,7 +25,7 @@ impl std::fmt::Debug for LinkKey {
     }
 }
 
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum AuthError {
     #[error("the handshake carries no authentication tag")]
     Missing,

@@ -34,6 +34,11 @@ struct Args {
     /// Serve Prometheus metrics on /metrics over HTTP on this Unix socket (mode 0600).
     #[arg(long, env = "NEXTMINI_METRICS_SOCKET")]
     metrics_socket: Option<PathBuf>,
+    /// Listen for SOCKS5 clients on this address (repeatable). Bound before the
+    /// agent enters --netns, so it is an address of the namespace the agent was
+    /// started in (the host's, in local mode); the snapshot gives its settings.
+    #[arg(long, value_name = "IP:PORT")]
+    socks_listen: Vec<std::net::SocketAddr>,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -44,6 +49,19 @@ fn main() -> anyhow::Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .init();
+    // Outside the node's namespace: where SOCKS clients are.
+    let socks = args
+        .socks_listen
+        .iter()
+        .map(|addr| {
+            let listener = std::net::TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .with_context(|| {
+                    format!("SOCKS listener {addr}: cannot listen (another topology or program holds it?)")
+                })?;
+            Ok((*addr, listener))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     // Before the runtime starts any thread: threads inherit the namespace.
     if let Some(ns) = &args.netns {
         nextmini_agent::netns::enter(ns)
@@ -58,7 +76,8 @@ fn main() -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
-        let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone());
+        let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone())
+            .with_socks_listeners(socks);
         if let Some(path) = args.metrics_socket {
             let registry = nextmini_agent::metrics::registry(
                 &args.topology,

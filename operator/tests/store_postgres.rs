@@ -361,3 +361,39 @@ async fn migration_0002_carries_old_link_columns_into_json() {
     };
     assert_eq!((&ab.forward, &ab.backward), (&expected, &expected));
 }
+
+#[tokio::test]
+async fn socks_servers_round_trip() {
+    let db = start_db("socks");
+    let store = Store::connect(&db.pg.url())
+        .await
+        .expect("connect + migrate");
+    let text = "apiVersion: nextmini.io/v1alpha1
+kind: Topology
+metadata: {name: s}
+spec:
+  nodes:
+    - name: a
+      socks:
+        - {listen: \"127.0.0.1:1080\"}
+        - {listen: \"[::1]:1081\", mode: max, users: [{name: alice, password: secret}]}
+    - name: b
+";
+    let manifest = plan::parse_manifest("s.yaml", text).expect("parses");
+    let plan = plan::plan_manifest(&manifest).expect("plans").remove(0);
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("apply");
+    let (loaded, _) = store.load_plan("s").await.expect("load").expect("exists");
+    assert_eq!(loaded, plan, "SOCKS servers survive the round trip");
+    assert_eq!(loaded.nodes[0].socks.len(), 2);
+    let stored: String = sqlx::query_scalar("SELECT socks::text FROM nodes WHERE name = 'a'")
+        .fetch_one(store.pool())
+        .await
+        .expect("socks column");
+    assert!(
+        !stored.contains("secret"),
+        "no password in the store: {stored}"
+    );
+}

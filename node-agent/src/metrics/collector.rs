@@ -251,6 +251,74 @@ impl Collector for DataplaneCollector {
                 (vec![("cause", "malformed")], get(&node.malformed)),
             ],
         )?;
-        Ok(())
+        relay(e, &self.source.relay)
     }
+}
+
+/// SOCKS and max-mode relay families.
+fn relay(e: &mut DescriptorEncoder, r: &crate::counters::RelayCounters) -> fmt::Result {
+    let by_mode = |normal: &AtomicU64, max: &AtomicU64| {
+        [
+            (vec![("mode", "normal")], get(normal)),
+            (vec![("mode", "max")], get(max)),
+        ]
+    };
+    counters(
+        e,
+        &desc(
+            "nextmini_relay",
+            Some(Unit::Bytes),
+            "Bytes this agent relayed between two TCP sockets (both directions), by mode: normal (SOCKS clients to connections made inside the node, whose packets then cross the emulated links) and max (spliced hop by hop past the link emulation)",
+        ),
+        by_mode(&r.normal_bytes, &r.max_bytes),
+    )?;
+    counters(
+        e,
+        &desc(
+            "nextmini_relay_connections",
+            None,
+            "Relayed connections this agent set up (as SOCKS server, max-mode transit or destination), by mode",
+        ),
+        by_mode(&r.normal_connections, &r.max_connections),
+    )?;
+    gauges(
+        e,
+        &desc(
+            "nextmini_relay_active_connections",
+            None,
+            "Relayed connections running now, by mode",
+        ),
+        by_mode(&r.normal_active, &r.max_active)
+            .into_iter()
+            .map(|(l, v)| (l, v as f64)),
+    )?;
+    counters(
+        e,
+        &desc(
+            "nextmini_relay_splice_fallbacks",
+            None,
+            "Directions of relayed connections that splice() refused and a copy loop moved instead (each is also logged as a warning)",
+        ),
+        [(vec![], get(&r.splice_fallbacks))],
+    )?;
+    counters(
+        e,
+        &desc(
+            "nextmini_relay_refused",
+            None,
+            "Connections refused, by reason: socks_auth (no acceptable method or a wrong password), socks_request (malformed, unsupported or unknown destination), socks_connect (the destination could not be reached), max_hop (a max-mode hop with a bad header or tag, no route or too many hops)",
+        ),
+        [
+            (vec![("reason", "socks_auth")], get(&r.socks_refused_auth)),
+            (
+                vec![("reason", "socks_request")],
+                get(&r.socks_refused_request),
+            ),
+            (
+                vec![("reason", "socks_connect")],
+                get(&r.socks_refused_connect),
+            ),
+            (vec![("reason", "max_hop")], get(&r.max_refused)),
+        ],
+    )
 }

@@ -65,6 +65,7 @@ pub struct Source {
     pub links: LinkMap,
     pub node: Arc<NodeCounters>,
     pub state: Arc<AgentState>,
+    pub relay: Arc<crate::counters::RelayCounters>,
 }
 
 /// The agent's registry: dataplane and flow collectors, with `topology` and
@@ -87,6 +88,7 @@ pub fn describe() -> String {
         links: Arc::new(arc_swap::ArcSwap::from_pointee(Default::default())),
         node: Arc::default(),
         state: Arc::default(),
+        relay: Arc::default(),
     };
     encode(&registry("", "", source)).unwrap_or_default()
 }
@@ -110,6 +112,7 @@ mod tests {
             links: Arc::new(ArcSwap::from_pointee(Default::default())),
             node: Arc::new(NodeCounters::default()),
             state: state.clone(),
+            relay: Arc::default(),
         };
         source.node.no_route.fetch_add(3, Relaxed);
         state.set_generation(7);

@@ -76,6 +76,7 @@ impl Synth {
         mtu: u16,
         processors: Processors,
         slot: &SynthSlot,
+        relay: Arc<crate::relay::Relay>,
     ) -> Synth {
         let (tx, inbox) = mpsc::channel(INBOX);
         // Set once per agent: the dataplane keeps its one Synth for good.
@@ -86,7 +87,11 @@ impl Synth {
         let (commands, commands_rx) = mpsc::unbounded_channel();
         let outbox = Arc::new(Mutex::new(ResultOutbox::default()));
         let now = Instant::now();
+        let (max_done, max_done_rx) = mpsc::unbounded_channel();
         let driver = Driver {
+            relay,
+            max_done,
+            max_running: HashMap::new(),
             stack: Stack::new(local, prefix_len, usize::from(mtu), rand::random(), now),
             processors,
             outbox: outbox.clone(),
@@ -94,7 +99,7 @@ impl Synth {
             ready: 0,
             runs: HashMap::new(),
         };
-        tokio::spawn(driver.run(commands_rx, inbox));
+        tokio::spawn(driver.run(commands_rx, inbox, max_done_rx));
         tracing::info!(%local, "synthetic flow stack started");
         Synth { commands, outbox }
     }
@@ -165,6 +170,10 @@ struct Run {
 }
 
 struct Driver {
+    /// Max-mode instances: opened through the relays, reported back here.
+    relay: Arc<crate::relay::Relay>,
+    max_done: mpsc::UnboundedSender<Finished>,
+    max_running: HashMap<FlowRef, Vec<tokio::task::AbortHandle>>,
     stack: Stack,
     processors: Processors,
     outbox: Arc<Mutex<ResultOutbox>>,
@@ -178,6 +187,7 @@ impl Driver {
         mut self,
         mut commands: mpsc::UnboundedReceiver<Command>,
         mut inbox: mpsc::Receiver<Bytes>,
+        mut max_done: mpsc::UnboundedReceiver<Finished>,
     ) {
         loop {
             let wake = self.next_wake(Instant::now());
@@ -187,6 +197,7 @@ impl Driver {
                     Some(c) => self.command(c, Instant::now()),
                     None => return,
                 },
+                Some(done) = max_done.recv() => self.finished(vec![done]),
                 packet = inbox.recv() => match packet {
                     Some(p) => {
                         self.stack.deliver(p);
@@ -269,6 +280,9 @@ impl Driver {
             .collect();
         for flow in removed {
             self.runs.remove(&flow);
+            for running in self.max_running.remove(&flow).unwrap_or_default() {
+                running.abort();
+            }
             let aborted = self.stack.abort_flow(&flow, now);
             self.finished(aborted);
             tracing::info!(flow = %flow.name, "flow removed; its running instances stopped");
@@ -315,6 +329,25 @@ impl Driver {
                 continue;
             };
             run.queued.extend(workload.poll(now));
+            if run.task.mode.is_max() {
+                let running = self.max_running.entry(run.task.flow.clone()).or_default();
+                running.retain(|h| !h.is_finished());
+                for launch in run.queued.drain(..) {
+                    let relay = self.relay.clone();
+                    let done = self.max_done.clone();
+                    let instance = super::max::MaxInstance {
+                        flow: run.task.flow.clone(),
+                        instance: launch.instance,
+                        peer: run.task.peer,
+                        label: run.task.label,
+                        amount: launch.amount,
+                    };
+                    let task = tokio::spawn(async move {
+                        let _ = done.send(super::max::run(relay, instance).await);
+                    });
+                    running.push(task.abort_handle());
+                }
+            }
             while let Some(launch) = run.queued.front().copied() {
                 let size = launch.amount.bytes();
                 let open = Open {

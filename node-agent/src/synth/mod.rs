@@ -12,6 +12,7 @@
 pub mod cdf;
 pub mod device;
 pub mod driver;
+pub mod max;
 pub mod outbox;
 pub mod rng;
 pub mod stack;

@@ -36,6 +36,8 @@ pub struct SourceTask {
     pub dscp: u8,
     /// (largest size, DSCP), first match wins.
     pub dscp_by_size: Vec<(u64, u8)>,
+    /// Max: each instance is a kernel TCP connection through the max-mode relays.
+    pub mode: crate::relay::Mode,
 }
 
 impl SourceTask {
@@ -162,7 +164,16 @@ fn parse(index: usize, t: &pb::FlowTask) -> Result<Task, TaskError> {
             .filter(|d| *d < 64)
             .ok_or_else(|| err(field, format!("{d} is not a DSCP (0-63)")))
     };
+    let mode = match pb::RelayMode::try_from(t.mode) {
+        Ok(pb::RelayMode::Normal) => crate::relay::Mode::Normal,
+        Ok(pb::RelayMode::Max) if protocol == Protocol::Tcp => crate::relay::Mode::Max,
+        Ok(pb::RelayMode::Max) => {
+            return Err(err("mode", "max mode relays TCP connections only".into()));
+        }
+        Err(_) => return Err(err("mode", format!("unknown mode {}", t.mode))),
+    };
     Ok(Task::Source(SourceTask {
+        mode,
         flow,
         peer,
         protocol,
@@ -259,5 +270,28 @@ mod tests {
             ..source()
         };
         assert_eq!(parse(0, &addr).map_err(|e| e.field), Err("peerAddr"));
+        let udp_max = pb::FlowTask {
+            protocol: pb::FlowProtocol::Udp as i32,
+            rate_bps: 1000,
+            mode: pb::RelayMode::Max as i32,
+            ..source()
+        };
+        assert_eq!(parse(0, &udp_max).map_err(|e| e.field), Err("mode"));
+    }
+
+    #[test]
+    fn max_mode_is_carried() {
+        let max = pb::FlowTask {
+            mode: pb::RelayMode::Max as i32,
+            ..source()
+        };
+        let Ok(Task::Source(s)) = parse(0, &max) else {
+            panic!("a source");
+        };
+        assert_eq!(s.mode, crate::relay::Mode::Max);
+        let Ok(Task::Source(s)) = parse(0, &source()) else {
+            panic!("a source");
+        };
+        assert_eq!(s.mode, crate::relay::Mode::Normal);
     }
 }

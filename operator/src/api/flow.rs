@@ -80,8 +80,12 @@ pub struct FlowSpec {
     /// size and arrival time in every run (default 1).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
-    /// `normal` (the default): through the emulated links. `max` (splice, bypassing
-    /// link emulation) is not built yet and is refused.
+    /// `normal` (the default): through the emulated links. `max` (tcp only): each
+    /// instance is a kernel TCP connection relayed hop by hop with splice() by the
+    /// agents along the routing table's next hops (or `path`), past the link
+    /// emulation, at the speed of the machine; `rate`, `window`, `congestionControl`
+    /// and DSCP do not apply. Its completion time runs from connect to the
+    /// destination agent's acknowledgement of the last byte.
     #[serde(default, skip_serializing_if = "is_default")]
     pub mode: FlowMode,
     /// Explicit node path from `src` to `dst` (both included); unset means shortest path.
@@ -134,7 +138,7 @@ pub enum FlowMode {
     /// Through the processors and the emulated links.
     #[default]
     Normal,
-    /// Spliced past the emulation at full speed (not built yet).
+    /// Spliced hop by hop past the emulation, at full speed.
     Max,
 }
 

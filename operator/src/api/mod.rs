@@ -10,6 +10,7 @@ mod discipline;
 mod flow;
 mod link;
 mod params;
+mod socks;
 mod topology;
 
 pub use common::{
@@ -25,6 +26,7 @@ pub use flow::{
 };
 pub use link::{Link, LinkSpec, LinkStatus};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
+pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
     NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus,

@@ -188,6 +188,12 @@ pub struct NodeSpec {
     /// CPU and memory for the node's agent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourcesSpec>,
+    /// SOCKS5 servers run by the node's agent, each on its own address: the way in
+    /// for applications outside the emulated network, e.g.
+    /// `[{listen: "127.0.0.1:1080"}, {listen: "127.0.0.1:1081", mode: max}]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub socks: Vec<super::SocksSpec>,
     /// Application containers run beside the agent in the node's pod (cluster
     /// only; Kubernetes `Container` objects). They share the pod's network
     /// namespace, so their traffic to other nodes' names crosses the emulated

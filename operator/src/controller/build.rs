@@ -125,6 +125,26 @@ pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) 
         .collect()
 }
 
+/// The agent's command line; SOCKS servers listen inside the pod, where the
+/// node's own containers reach them.
+fn agent_args(topology: &str, node: &PlannedNode, settings: &Settings) -> Vec<String> {
+    let mut args = vec![
+        "--hub".into(),
+        settings.hub_address.clone(),
+        "--topology".into(),
+        topology.to_string(),
+        "--node".into(),
+        node.name.clone(),
+        "--credential-file".into(),
+        format!("{CREDENTIAL_DIR}/credential"),
+    ];
+    for socks in &node.socks {
+        args.push("--socks-listen".into());
+        args.push(socks.listen.to_string());
+    }
+    args
+}
+
 fn agent_pod(
     owner: &Topology,
     topology: &str,
@@ -138,16 +158,7 @@ fn agent_pod(
         image: Some(settings.agent_image.clone()),
         image_pull_policy: Some(settings.agent_image_pull_policy.clone()),
         command: Some(vec!["nextmini-agent".into()]),
-        args: Some(vec![
-            "--hub".into(),
-            settings.hub_address.clone(),
-            "--topology".into(),
-            topology.to_string(),
-            "--node".into(),
-            node.name.clone(),
-            "--credential-file".into(),
-            format!("{CREDENTIAL_DIR}/credential"),
-        ]),
+        args: Some(agent_args(topology, node, settings)),
         env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
             name: "RUST_LOG".into(),
             value: Some(settings.agent_log.clone()),
@@ -340,6 +351,30 @@ mod tests {
         );
         let aliases = spec.host_aliases.as_ref().expect("aliases");
         assert_eq!(aliases.len(), 3, "every node name resolves in every pod");
+    }
+
+    #[test]
+    fn socks_servers_become_agent_listeners_in_the_pod() {
+        let yaml = SHAPED.replace(
+            "  - {name: a}\n",
+            "  - name: a\n    socks: [{listen: '127.0.0.1:1080'}, {listen: '0.0.0.0:1081', mode: max}]\n",
+        );
+        let (_, pods) = built(&yaml);
+        let args = pods[0].spec.as_ref().expect("spec").containers[0]
+            .args
+            .clone()
+            .expect("args");
+        let listens: Vec<&str> = args
+            .windows(2)
+            .filter(|w| w[0] == "--socks-listen")
+            .map(|w| w[1].as_str())
+            .collect();
+        assert_eq!(listens, ["127.0.0.1:1080", "0.0.0.0:1081"]);
+        let b = pods[1].spec.as_ref().expect("spec").containers[0]
+            .args
+            .clone()
+            .expect("args");
+        assert!(!b.iter().any(|a| a == "--socks-listen"));
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Builds an agent's snapshot from the plan: pure, so it is tested without a hub.
 
-use crate::plan::{FlowAmount, FlowProtocol, LINK_PORT, Mapping, NextHop, Plan, Transport};
+use crate::plan::{
+    FlowAmount, FlowProtocol, LINK_PORT, MAX_PORT, Mapping, NextHop, Plan, RelayMode, Transport,
+};
 use crate::store::{RouteRow, RouteRuleRow};
 use nextmini_proto::v1 as pb;
 use std::collections::{BTreeMap, HashMap};
@@ -49,6 +51,25 @@ impl Underlay {
             Underlay::Bridge => format!("{}:{LINK_PORT}", me.underlay),
             Underlay::PodDns { .. } => format!("0.0.0.0:{LINK_PORT}"),
         }
+    }
+}
+
+fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
+    pb::SocksListener {
+        listen: s.listen.to_string(),
+        mode: match s.mode {
+            RelayMode::Normal => pb::RelayMode::Normal as i32,
+            RelayMode::Max => pb::RelayMode::Max as i32,
+        },
+        users: s
+            .users
+            .iter()
+            .map(|u| pb::SocksUser {
+                name: u.name.clone(),
+                // Validated hex from the planner; a corrupt row logs in with nothing.
+                password_sha256: hex::decode(&u.password_sha256).unwrap_or_default(),
+            })
+            .collect(),
     }
 }
 
@@ -276,6 +297,8 @@ impl TopologyView {
                     .as_ref()
                     .map(|i| i.key_der.clone())
                     .unwrap_or_default(),
+                max_port: u32::from(MAX_PORT),
+                socks: me.socks.iter().map(socks_listener).collect(),
             }),
             links,
             routes: Some(pb::RouteTable {
@@ -351,6 +374,10 @@ impl TopologyView {
                         })
                         .collect(),
                     congestion_control: p.congestion_control.as_str().to_owned(),
+                    mode: match p.mode {
+                        RelayMode::Normal => pb::RelayMode::Normal as i32,
+                        RelayMode::Max => pb::RelayMode::Max as i32,
+                    },
                 })
             })
             .collect()

@@ -6,7 +6,7 @@ use super::address;
 use super::errors::ValidationErrors;
 use super::generate::Shape;
 use super::parse::{Doc, Manifest};
-use crate::api::{Flow, Link, LinkParamsSpec, ResourcesSpec, Topology, Transport};
+use crate::api::{Flow, Link, LinkParamsSpec, ResourcesSpec, SocksSpec, Topology, Transport};
 use std::collections::HashMap;
 
 /// A topology with the Link and Flow objects that name it.
@@ -19,6 +19,8 @@ pub(crate) struct Group<'a> {
 pub(crate) struct DraftNode<'a> {
     pub name: String,
     pub resources: Option<&'a ResourcesSpec>,
+    /// SOCKS5 servers (only listed nodes have them).
+    pub socks: &'a [SocksSpec],
     /// Field naming the node, e.g. `spec.nodes[2].name` or `spec.generator.ring`.
     pub field: String,
 }
@@ -133,6 +135,7 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                         .extend(generated.nodes.into_iter().map(|name| DraftNode {
                             name,
                             resources: None,
+                            socks: &[],
                             field: field.to_owned(),
                         }));
                     draft
@@ -159,6 +162,7 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
         .extend(spec.nodes.iter().enumerate().map(|(i, node)| DraftNode {
             name: node.name.clone(),
             resources: node.resources.as_ref(),
+            socks: &node.socks,
             field: format!("spec.nodes[{i}].name"),
         }));
 

@@ -63,6 +63,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
                     cpu_millis: node.resources.and_then(|r| r.cpu).map(|c| c.millis()),
                     memory_bytes: node.resources.and_then(|r| r.memory).and_then(Size::bytes),
                 },
+                socks: node.socks.iter().filter_map(super::socks::plan).collect(),
             }
         })
         .collect();

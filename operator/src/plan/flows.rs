@@ -7,7 +7,7 @@ use super::assemble::{Draft, DraftLink, name_of};
 use super::errors::ValidationErrors;
 use super::model::{
     CongestionControl, DEFAULT_WINDOW, FlowAmount, FlowParams, FlowProtocol, PlannedFlow,
-    PlannedLink,
+    PlannedLink, RelayMode,
 };
 use super::params::pick;
 use super::routes::Graph;
@@ -131,11 +131,20 @@ fn workload(origin: &str, spec: &FlowSpec, errors: &mut ValidationErrors) {
         _ => {}
     }
     if spec.mode == api::FlowMode::Max {
-        errors.push(
-            origin,
-            "spec.mode",
-            "max mode (spliced past the link emulation) is not built yet; use normal",
-        );
+        if spec.protocol == api::FlowProtocol::Udp {
+            errors.push(
+                origin,
+                "spec.mode",
+                "max mode relays TCP connections; a udp flow cannot use it (use protocol tcp or mode normal)",
+            );
+        }
+        if spec.rate.is_some() {
+            errors.push(
+                origin,
+                "spec.rate",
+                "max mode runs at the speed of the machine; a rate does not apply (remove it or use mode normal)",
+            );
+        }
     }
     match spec.window {
         None => {}
@@ -537,6 +546,10 @@ fn params(spec: &FlowSpec, graph: &Graph, links: &[PlannedLink]) -> FlowParams {
             .flatten()
             .map(|r| (r.max_size.bytes().unwrap_or(0), r.dscp.min(63) as u8))
             .collect(),
+        mode: match spec.mode {
+            api::FlowMode::Normal => RelayMode::Normal,
+            api::FlowMode::Max => RelayMode::Max,
+        },
     }
 }
 

@@ -96,7 +96,13 @@ fn workload_rules() {
         "udp flows send at a constant rate",
     );
     expect(&e, "udp-no-rate", "spec.size", "must be greater than 0");
-    expect(&e, "maxed", "spec.mode", "max mode");
+    expect(&e, "maxed", "spec.mode", "max mode relays TCP connections");
+    expect(
+        &e,
+        "maxed",
+        "spec.rate",
+        "max mode runs at the speed of the machine",
+    );
     expect(&e, "maxed", "spec.parallelism", "must be at least 1");
     expect(
         &e,

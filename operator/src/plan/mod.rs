@@ -12,6 +12,7 @@ mod params;
 mod params_check;
 mod parse;
 mod routes;
+mod socks;
 mod validate;
 
 #[cfg(test)]

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 /// TCP/UDP port on which every agent accepts link connections on its underlay address.
 pub const LINK_PORT: u16 = 7100;
+/// TCP port of every agent's max-mode relay on its underlay address.
+pub const MAX_PORT: u16 = 7101;
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -55,6 +57,52 @@ pub struct PlannedNode {
     pub overlay: Ipv4Addr,
     pub underlay: Ipv4Addr,
     pub resources: Resources,
+    /// SOCKS5 servers of the node's agent (stored as JSON; a change restarts the node).
+    pub socks: Vec<PlannedSocks>,
+}
+
+/// A SOCKS5 server as the node's agent runs it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PlannedSocks {
+    pub listen: std::net::SocketAddr,
+    #[serde(default)]
+    pub mode: RelayMode,
+    /// Empty: no authentication.
+    #[serde(default)]
+    pub users: Vec<SocksUser>,
+}
+
+/// How a relayed connection travels.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RelayMode {
+    /// Through TUN, processors and the emulated links.
+    #[default]
+    Normal,
+    /// Spliced hop by hop between the agents' max-mode relays.
+    Max,
+}
+
+/// A SOCKS5 account; only a salted hash of the password leaves the planner.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SocksUser {
+    pub name: String,
+    /// Hex of [`socks_password_sha256`].
+    pub password_sha256: String,
+}
+
+/// SHA-256 of `"nextmini socks v1\0" + name + "\0" + password`: what the agents
+/// compare a client's password against (the same function is in the agent).
+pub fn socks_password_sha256(name: &str, password: &str) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(b"nextmini socks v1\0");
+    h.update(name.as_bytes());
+    h.update(b"\0");
+    h.update(password.as_bytes());
+    h.finalize().into()
 }
 
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -259,6 +307,8 @@ pub struct FlowParams {
     pub dscp: u8,
     /// (largest size in bytes, DSCP), first match wins.
     pub dscp_by_size: Vec<(u64, u8)>,
+    /// Max: spliced hop by hop by the agents' relays instead of smoltcp over the links.
+    pub mode: RelayMode,
 }
 
 /// Default socket buffer of a synthetic connection.
@@ -279,6 +329,7 @@ impl Default for FlowParams {
             congestion_control: CongestionControl::Cubic,
             dscp: 0,
             dscp_by_size: Vec::new(),
+            mode: RelayMode::Normal,
         }
     }
 }

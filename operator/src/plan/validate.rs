@@ -17,6 +17,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     dataplane(draft, errors);
     address::check(draft, errors);
     let nodes = nodes(draft, errors);
+    super::socks::check(draft, errors);
     params_check::check(draft, errors);
     let graph = links(draft, &nodes, errors);
     super::flows::check(draft, &graph, errors);

@@ -125,10 +125,25 @@ impl NetnsRuntime {
                 topology,
                 &node.name,
             )),
+            socks_listen: node.socks.iter().map(|s| s.listen).collect(),
         })?;
         cgroup::join(&group, pid)?;
         Ok(pid)
     }
+}
+
+/// Checks that every SOCKS address of `node` can be listened on here, in the
+/// host's namespace, where its agent will bind it.
+fn socks_addresses_free(node: &PlannedNode) -> Result<(), RuntimeError> {
+    for (i, socks) in node.socks.iter().enumerate() {
+        if let Err(e) = std::net::TcpListener::bind(socks.listen) {
+            return Err(RuntimeError::Conflict(format!(
+                "node {}: socks[{i}].listen {}: {e} (another topology, another node or another program holds it; choose a free address)",
+                node.name, socks.listen
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// /etc/hosts for every node: node names resolve to overlay addresses, so
@@ -201,14 +216,19 @@ impl NetnsRuntime {
         progress: Progress<'_>,
     ) -> Result<BTreeMap<String, u32>, RuntimeError> {
         let topology = &plan.topology;
-        let host = connect_here()?;
-        let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
-        let hosts = hosts_file(plan);
         let wanted: Vec<&PlannedNode> = plan
             .nodes
             .iter()
             .filter(|n| nodes.contains(&n.name))
             .collect();
+        // Before anything is made: a SOCKS address held by another topology or
+        // program is an error now, not an agent failing later.
+        for node in &wanted {
+            socks_addresses_free(node)?;
+        }
+        let host = connect_here()?;
+        let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
+        let hosts = hosts_file(plan);
         let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
             .map(|node| {
                 let hosts = &hosts;

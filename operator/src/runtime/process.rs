@@ -20,6 +20,9 @@ pub struct AgentLaunch<'a> {
     pub log_file: &'a Path,
     /// Where the agent serves /metrics (a Unix socket the hub scrapes).
     pub metrics_socket: Option<&'a Path>,
+    /// Addresses of the node's SOCKS5 servers, which the agent binds before it
+    /// enters the namespace (so they are host addresses).
+    pub socks_listen: Vec<std::net::SocketAddr>,
 }
 
 pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
@@ -35,6 +38,9 @@ pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
     let mut command = Command::new(launch.binary);
     if let Some(socket) = launch.metrics_socket {
         command.arg("--metrics-socket").arg(socket);
+    }
+    for addr in &launch.socks_listen {
+        command.arg("--socks-listen").arg(addr.to_string());
     }
     let child = command
         .arg("--netns")

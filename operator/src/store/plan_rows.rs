@@ -117,11 +117,20 @@ async fn insert_nodes(
     plan: &Plan,
     credential_sha256: &BTreeMap<String, String>,
 ) -> Result<()> {
-    for chunk in plan.nodes.chunks(1000) {
+    let socks = plan
+        .nodes
+        .iter()
+        .map(|n| serde_json::to_string(&n.socks))
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| StoreError::Corrupt {
+            topology: plan.topology.clone(),
+            reason: format!("socks: {e}"),
+        })?;
+    for (chunk, socks) in plan.nodes.chunks(1000).zip(socks.chunks(1000)) {
         let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256) ",
+            "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256, socks) ",
         );
-        qb.push_values(chunk, |mut b, n| {
+        qb.push_values(chunk.iter().zip(socks), |mut b, (n, socks)| {
             b.push_bind(id)
                 .push_bind(&n.name)
                 .push_bind(n.index as i32)
@@ -129,7 +138,9 @@ async fn insert_nodes(
                 .push_bind(n.underlay.to_string())
                 .push_bind(n.resources.cpu_millis.map(|c| c as i32))
                 .push_bind(n.resources.memory_bytes.map(|m| m as i64))
-                .push_bind(credential_sha256.get(&n.name).cloned().unwrap_or_default());
+                .push_bind(credential_sha256.get(&n.name).cloned().unwrap_or_default())
+                .push_bind(socks.as_str())
+                .push_unseparated("::jsonb");
         });
         qb.build().execute(&mut **tx).await?;
     }
@@ -197,7 +208,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         .parse()
         .map_err(|e| corrupt(format!("underlay: {e}")))?;
     let nodes = sqlx::query(
-        "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes FROM nodes WHERE topology_id = $1 ORDER BY idx",
+        "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, socks::text AS socks FROM nodes WHERE topology_id = $1 ORDER BY idx",
     )
     .bind(id)
     .fetch_all(pool)
@@ -219,6 +230,8 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
                 cpu_millis: r.get::<Option<i32>, _>("cpu_millis").map(|v| v as u32),
                 memory_bytes: r.get::<Option<i64>, _>("memory_bytes").map(|v| v as u64),
             },
+            socks: serde_json::from_str(&r.get::<String, _>("socks"))
+                .map_err(|e| corrupt(format!("node {name} socks: {e}")))?,
             name,
         })
     })

@@ -63,6 +63,21 @@ pub fn print_plan(file: &Path) -> anyhow::Result<i32> {
                 "  node {:<12} overlay {:<15} underlay {}",
                 n.name, n.overlay, n.underlay
             );
+            for s in &n.socks {
+                let auth = if s.users.is_empty() {
+                    "no authentication".to_string()
+                } else {
+                    format!("{} user(s)", s.users.len())
+                };
+                println!(
+                    "    socks {} ({} mode, {auth})",
+                    s.listen,
+                    match s.mode {
+                        plan::RelayMode::Normal => "normal",
+                        plan::RelayMode::Max => "max",
+                    }
+                );
+            }
         }
         for l in &p.links {
             println!("  link {:<12} {} dials {}", l.name, l.dialer, l.acceptor);
