@@ -114,6 +114,42 @@ impl Env {
         self.run(&args)
     }
 
+    /// Serves `dir` with `python3 -m http.server 8000` inside `node`, in the
+    /// background; it is stopped when the environment is dropped.
+    pub fn serve_http(&mut self, node: &str, dir: &Path) {
+        let dir = dir.to_str().expect("UTF-8 path").to_string();
+        self.spawn_in(
+            node,
+            &["python3", "-m", "http.server", "8000", "--directory", &dir],
+        );
+    }
+
+    /// Waits until curl in `client` gets an answer from the HTTP server of `server`.
+    pub fn wait_for_http(&self, client: &str, server: &str) {
+        let url = format!("http://{server}:8000/");
+        self.wait_for(
+            &format!("the HTTP server in {server}"),
+            Duration::from_secs(20),
+            || {
+                self.exec(
+                    client,
+                    &[
+                        "curl",
+                        "-s",
+                        "--fail",
+                        "-o",
+                        "/dev/null",
+                        "--max-time",
+                        "2",
+                        &url,
+                    ],
+                )
+                .status
+                .success()
+            },
+        );
+    }
+
     /// Starts `nextmini exec <node> -- <command…>` in the background; it is
     /// killed when the environment is dropped.
     pub fn spawn_in(&mut self, node: &str, command: &[&str]) -> u32 {
@@ -392,4 +428,19 @@ pub fn all_acked(env: &Env, topology: &str) -> bool {
         "SELECT bool_and(n.acked_generation >= t.generation AND n.agent_state = 'connected') \
          FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = '{topology}'"
     )) == "t"
+}
+
+/// Writes `len` pseudo-random bytes (xorshift64*, seeded): incompressible
+/// enough that nothing on the path can cheat, and different per `seed`.
+pub fn write_random_file(path: &Path, len: usize, seed: u64) {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15 ^ seed;
+    let mut data = Vec::with_capacity(len + 8);
+    while data.len() < len {
+        state ^= state >> 12;
+        state ^= state << 25;
+        state ^= state >> 27;
+        data.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    data.truncate(len);
+    std::fs::write(path, data).expect("writing test file");
 }

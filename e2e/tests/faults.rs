@@ -89,34 +89,8 @@ fn agents_database_and_links_survive_faults() {
             .collect::<Vec<u8>>(),
     )
     .expect("file");
-    env.spawn_in(
-        "c",
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8000",
-            "--directory",
-            www.to_str().expect("path"),
-        ],
-    );
-    env.wait_for("HTTP server in c", Duration::from_secs(20), || {
-        env.exec(
-            "a",
-            &[
-                "curl",
-                "-s",
-                "--fail",
-                "-o",
-                "/dev/null",
-                "--max-time",
-                "2",
-                "http://c:8000/",
-            ],
-        )
-        .status
-        .success()
-    });
+    env.serve_http("c", &www);
+    env.wait_for_http("a", "c");
 
     // 1. kill -9 the middle node's agent while a transfer runs through it.
     let fetched = env.state_dir.join("fetched");

@@ -214,34 +214,8 @@ fn links_change_live_and_quic_links_carry_traffic() {
             .collect::<Vec<u8>>(),
     )
     .expect("file");
-    env.spawn_in(
-        "a",
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8000",
-            "--directory",
-            www.to_str().expect("path"),
-        ],
-    );
-    env.wait_for("HTTP server in a", Duration::from_secs(20), || {
-        env.exec(
-            "c",
-            &[
-                "curl",
-                "-s",
-                "--fail",
-                "-o",
-                "/dev/null",
-                "--max-time",
-                "2",
-                "http://a:8000/",
-            ],
-        )
-        .status
-        .success()
-    });
+    env.serve_http("a", &www);
+    env.wait_for_http("c", "a");
     let fetched = env.state_dir.join("fetched");
     let curl = env.exec(
         "c",

@@ -5,25 +5,12 @@
 
 use nextmini_e2e::{
     Env, agent_pids_of, interfaces_of, is_running, kill9, namespaces_of, repo_path, sha256_file,
+    write_random_file,
 };
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 const BIG: usize = 50 * 1024 * 1024;
-
-fn write_random_file(path: &std::path::Path, len: usize) {
-    // xorshift64*: incompressible enough that nothing on the path can cheat.
-    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut data = Vec::with_capacity(len);
-    while data.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        data.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    data.truncate(len);
-    std::fs::write(path, data).expect("writing test file");
-}
 
 fn assert_nothing_left(env: &Env, when: &str) {
     assert_eq!(
@@ -65,7 +52,7 @@ fn line3_end_to_end() {
     let line3 = line3.to_str().expect("utf-8 path");
     let www = env.state_dir.join("www");
     std::fs::create_dir_all(&www).expect("www dir");
-    write_random_file(&www.join("big"), BIG);
+    write_random_file(&www.join("big"), BIG, 0);
     let expected = sha256_file(&www.join("big"));
 
     // A manifest with a link to an unknown node is refused before anything exists.
@@ -107,34 +94,8 @@ fn line3_end_to_end() {
         "{status}"
     );
 
-    env.spawn_in(
-        "c",
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8000",
-            "--directory",
-            www.to_str().expect("path"),
-        ],
-    );
-    env.wait_for("the HTTP server in c", Duration::from_secs(20), || {
-        env.exec(
-            "a",
-            &[
-                "curl",
-                "-sS",
-                "--fail",
-                "--max-time",
-                "2",
-                "-o",
-                "/dev/null",
-                "http://c:8000/",
-            ],
-        )
-        .status
-        .success()
-    });
+    env.serve_http("c", &www);
+    env.wait_for_http("a", "c");
 
     let ping = env.exec("a", &["ping", "-c", "3", "-W", "2", "c"]);
     assert!(

@@ -15,25 +15,12 @@
 //! anything is made. Runs beside other suites (its own topology name, free ports,
 //! and no `down --all`).
 
-use nextmini_e2e::{Env, namespaces_of, sha256_file};
+use nextmini_e2e::{Env, namespaces_of, sha256_file, write_random_file};
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const SIZE: usize = 20 * 1024 * 1024;
-
-fn write_random_file(path: &Path, len: usize) {
-    let mut state: u64 = 0x2545_F491_4F6C_DD1D ^ u64::from(std::process::id());
-    let mut data = Vec::with_capacity(len + 8);
-    while data.len() < len {
-        state ^= state >> 12;
-        state ^= state << 25;
-        state ^= state >> 27;
-        data.extend_from_slice(&state.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    data.truncate(len);
-    std::fs::write(path, data).expect("writing test file");
-}
 
 /// Ports nobody listens on right now.
 fn free_ports(n: usize) -> Vec<u16> {
@@ -204,19 +191,9 @@ fn socks_normal_max_and_auth() {
 
     let www = env.state_dir.join("www");
     std::fs::create_dir_all(&www).expect("www");
-    write_random_file(&www.join("big"), SIZE);
+    write_random_file(&www.join("big"), SIZE, u64::from(std::process::id()));
     let expected = sha256_file(&www.join("big"));
-    env.spawn_in(
-        "c",
-        &[
-            "python3",
-            "-m",
-            "http.server",
-            "8000",
-            "--directory",
-            www.to_str().expect("path"),
-        ],
-    );
+    env.serve_http("c", &www);
     let probe = env.state_dir.join("probe");
     let proxy_normal = format!("socks5h://127.0.0.1:{normal}");
     let proxy_max = format!("socks5h://127.0.0.1:{max}");

@@ -11,5 +11,6 @@ pub mod localpg;
 pub mod observe;
 pub mod plan;
 pub mod runtime;
+pub mod shutdown;
 pub mod store;
 pub mod units;

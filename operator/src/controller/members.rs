@@ -4,7 +4,9 @@
 
 use super::{Context, Error, MANAGER};
 use crate::api::{Flow, Link, LinkStatus, Topology};
-use crate::plan::Manifest;
+use crate::plan::{Doc, Manifest};
+use k8s_openapi::NamespaceResourceScope;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Patch, PatchParams};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
@@ -18,41 +20,33 @@ pub async fn adopt(ctx: &Context, topology: &Topology, manifest: &Manifest) -> R
     };
     owner.controller = None;
     owner.block_owner_deletion = None;
-    let uid = owner.uid.clone();
-    let owned = |refs: &Option<
-        Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference>,
-    >| { refs.iter().flatten().any(|r| r.uid == uid) };
-    for doc in manifest
-        .links
-        .iter()
-        .filter(|d| !owned(&d.object.metadata.owner_references))
-    {
-        let api = Api::<Link>::namespaced(
-            ctx.client.clone(),
-            &doc.object.namespace().unwrap_or_default(),
-        );
-        let patch = json!({"apiVersion": crate::api::API_VERSION, "kind": "Link",
-                           "metadata": {"name": doc.object.name_any(), "ownerReferences": [owner]}});
+    adopt_each(ctx, &manifest.links, &owner).await?;
+    adopt_each(ctx, &manifest.flows, &owner).await
+}
+
+async fn adopt_each<K>(ctx: &Context, docs: &[Doc<K>], owner: &OwnerReference) -> Result<(), Error>
+where
+    K: Resource<Scope = NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    for doc in docs {
+        let object = &doc.object;
+        if object
+            .meta()
+            .owner_references
+            .iter()
+            .flatten()
+            .any(|r| r.uid == owner.uid)
+        {
+            continue;
+        }
+        let api = Api::<K>::namespaced(ctx.client.clone(), &object.namespace().unwrap_or_default());
+        let patch = json!({"apiVersion": K::api_version(&()), "kind": K::kind(&()),
+                           "metadata": {"name": object.name_any(), "ownerReferences": [owner]}});
         api.patch(
-            &doc.object.name_any(),
-            &PatchParams::apply(MANAGER),
-            &Patch::Apply(&patch),
-        )
-        .await?;
-    }
-    for doc in manifest
-        .flows
-        .iter()
-        .filter(|d| !owned(&d.object.metadata.owner_references))
-    {
-        let api = Api::<Flow>::namespaced(
-            ctx.client.clone(),
-            &doc.object.namespace().unwrap_or_default(),
-        );
-        let patch = json!({"apiVersion": crate::api::API_VERSION, "kind": "Flow",
-                           "metadata": {"name": doc.object.name_any(), "ownerReferences": [owner]}});
-        api.patch(
-            &doc.object.name_any(),
+            &object.name_any(),
             &PatchParams::apply(MANAGER),
             &Patch::Apply(&patch),
         )

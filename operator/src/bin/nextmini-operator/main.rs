@@ -70,7 +70,8 @@ async fn main() -> anyhow::Result<()> {
         endpoint,
         std::future::pending(),
     ));
-    let hub_task = tokio::spawn(hub.serve_tcp(args.hub_listen, shutdown_signal()));
+    let hub_task =
+        tokio::spawn(hub.serve_tcp(args.hub_listen, nextmini_operator::shutdown::signal()));
     let client = kube::Client::try_default()
         .await
         .context("connecting to the Kubernetes API (in-cluster config or KUBECONFIG)")?;
@@ -132,19 +133,5 @@ impl Handler for Endpoint {
             },
             _ => Reply::not_found("not found\n"),
         }
-    }
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
     }
 }

@@ -183,7 +183,9 @@ impl Local {
             store.clone(),
             Duration::from_millis(500),
         ));
-        let served = hub.serve_unix(&socket, shutdown_signal()).await;
+        let served = hub
+            .serve_unix(&socket, nextmini_operator::shutdown::signal())
+            .await;
         crate::observe::hub_stopped(self);
         let _ = std::fs::remove_file(&socket);
         let _ = std::fs::remove_file(self.hub_pidfile());
@@ -330,20 +332,6 @@ fn agent_binary() -> anyhow::Result<PathBuf> {
         "nextmini-agent not found next to {} (build it with `cargo build --release`, or set NEXTMINI_AGENT_BIN)",
         exe.display()
     )
-}
-
-async fn shutdown_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
-    let (Ok(mut term), Ok(mut int)) = (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) else {
-        return std::future::pending().await;
-    };
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
-    }
 }
 
 pub enum DbAction {
