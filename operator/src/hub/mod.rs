@@ -35,6 +35,8 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const SILENT_INTERVALS: u64 = 3;
 const SILENCE_MIN: Duration = Duration::from_secs(3);
 const RETENTION_EVERY: Duration = Duration::from_secs(30);
+/// How long agents a change does not touch wait for their delta.
+const UNAFFECTED_DELAY: Duration = Duration::from_millis(20);
 
 type SessionKey = (String, String);
 
@@ -45,6 +47,8 @@ pub struct Hub {
 
 struct Inner {
     store: Store,
+    /// Reads views for changes and Hellos, apart from the bulk writes.
+    views_store: Store,
     counters: CounterBatcher,
     views: Mutex<HashMap<String, Arc<TopologyView>>>,
     sessions: Mutex<HashMap<SessionKey, SessionEntry>>,
@@ -59,6 +63,7 @@ impl Hub {
         let counters = CounterBatcher::spawn(store.clone(), metrics.clone());
         Hub {
             inner: Arc::new(Inner {
+                views_store: store.dedicated(2),
                 store,
                 counters,
                 views: Mutex::new(HashMap::new()),
@@ -146,7 +151,7 @@ impl Hub {
         &self,
         topology: &str,
     ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
-        let store = &self.inner.store;
+        let store = &self.inner.views_store;
         let Some((plan, generation)) = store.load_plan(topology).await? else {
             return Ok(None);
         };
@@ -261,38 +266,29 @@ impl Hub {
             return;
         };
         let affected = old.as_ref().map(|o| new.affected_nodes(o));
-        let mut order: Vec<SessionKey> = sessions
+        let (first, rest): (Vec<SessionKey>, Vec<SessionKey>) = sessions
             .keys()
             .filter(|(t, _)| t == topology)
             .cloned()
-            .collect();
-        order.sort_by_key(|(_, node)| !affected.as_ref().is_none_or(|a| a.contains(node)));
-        for key in order {
-            let Some(entry) = sessions.get_mut(&key) else {
-                continue;
-            };
-            let node = &key.1;
-            if entry.generation == new.generation {
-                continue;
-            }
-            let Some(next) = new.snapshot(node) else {
-                entry.send(reject(format!(
-                    "node {node} is no longer part of topology {topology}"
-                )));
-                continue;
-            };
-            let msg = entry
-                .config
-                .as_deref()
-                .and_then(|before| delta(before, &next))
-                .map(pb::controller_message::Msg::Delta)
-                .unwrap_or_else(|| pb::controller_message::Msg::Snapshot(next.clone()));
-            entry.report_interval_ms = new.plan.report_interval_ms;
-            if entry.send(msg) {
-                entry.generation = new.generation;
-                entry.config = Some(Arc::new(next));
-            }
+            .partition(|(_, node)| affected.as_ref().is_none_or(|a| a.contains(node)));
+        for key in &first {
+            bring_up_to_date(&mut sessions, key, &new);
         }
+        drop(sessions);
+        if rest.is_empty() {
+            return;
+        }
+        // The nodes a change does not touch get their (generation-only) delta a
+        // moment later: hundreds of agents decoding at once would otherwise
+        // take the CPU from the few whose packet path is changing.
+        let hub = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(UNAFFECTED_DELAY).await;
+            let mut sessions = hub.inner.sessions.lock().await;
+            for key in &rest {
+                bring_up_to_date(&mut sessions, key, &new);
+            }
+        });
     }
 
     /// Drops sessions whose agent has been silent for several report intervals
@@ -369,6 +365,40 @@ impl Hub {
             return Err(Status::unauthenticated("bad credential"));
         }
         Ok(identity.topology_id)
+    }
+}
+
+/// Sends a session what takes its agent to `new`'s generation: a delta from
+/// the config it has, or a full snapshot. A session already there (or past it,
+/// when a later change overtook a delayed send) is left alone.
+fn bring_up_to_date(
+    sessions: &mut HashMap<SessionKey, SessionEntry>,
+    key: &SessionKey,
+    new: &TopologyView,
+) {
+    let Some(entry) = sessions.get_mut(key) else {
+        return;
+    };
+    let (topology, node) = key;
+    if entry.generation >= new.generation {
+        return;
+    }
+    let Some(next) = new.snapshot(node) else {
+        entry.send(reject(format!(
+            "node {node} is no longer part of topology {topology}"
+        )));
+        return;
+    };
+    let msg = entry
+        .config
+        .as_deref()
+        .and_then(|before| delta(before, &next))
+        .map(pb::controller_message::Msg::Delta)
+        .unwrap_or_else(|| pb::controller_message::Msg::Snapshot(next.clone()));
+    entry.report_interval_ms = new.plan.report_interval_ms;
+    if entry.send(msg) {
+        entry.generation = new.generation;
+        entry.config = Some(Arc::new(next));
     }
 }
 

@@ -71,9 +71,23 @@ pub(super) async fn run(
                     tracing::warn!(%topology, %node, generation = ack.generation, error = %ack.error, "agent rejected config");
                     continue;
                 }
+                // Flow start needs to know which ack completed a generation; a
+                // topology without flows skips those two reads, which would
+                // otherwise come from every agent after every change.
+                let has_flows = hub
+                    .inner
+                    .views
+                    .lock()
+                    .await
+                    .get(topology)
+                    .is_none_or(|v| !v.plan.flows.is_empty());
                 // Read before and after: the ack that completes a generation is
                 // the one that makes its flows ready.
-                let ready_before = hub.inner.store.readiness(topology_id).await;
+                let ready_before = if has_flows {
+                    Some(hub.inner.store.readiness(topology_id).await)
+                } else {
+                    None
+                };
                 if let Err(e) = hub
                     .inner
                     .store
@@ -82,9 +96,11 @@ pub(super) async fn run(
                 {
                     tracing::warn!(error = %e, "storing ack failed");
                 }
-                let before = ready_before.ok().map(|r| r.ready());
-                if let Some(g) = announce_ready(&hub, id, &key, topology_id, before).await {
-                    flows.told = flows.told.max(g);
+                if let Some(ready_before) = ready_before {
+                    let before = ready_before.ok().map(|r| r.ready());
+                    if let Some(g) = announce_ready(&hub, id, &key, topology_id, before).await {
+                        flows.told = flows.told.max(g);
+                    }
                 }
             }
             Some(pb::agent_message::Msg::Report(report)) => {

@@ -66,6 +66,18 @@ impl Store {
         Ok(Store { pool })
     }
 
+    /// A second, small pool to the same database, so a latency-critical path
+    /// (the hub turning a committed change into deltas) never queues behind
+    /// bulk work such as hundreds of agents' acknowledgements.
+    pub fn dedicated(&self, max_connections: u32) -> Store {
+        let options = (*self.pool.connect_options()).clone();
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_lazy_with(options);
+        Store { pool }
+    }
+
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
