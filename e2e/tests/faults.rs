@@ -4,57 +4,13 @@
 //! under it is re-dialled and its counters continue. Figures for RELIABILITY.md
 //! are printed. (The hub killed mid-transfer is in local_line3.)
 
+#[path = "support/node_states.rs"]
+mod node_states;
+
 use nextmini_e2e::{Env, kill9, link_counter, repo_path, sha256_file};
+use node_states::{wait_state, watch_node_states};
 use std::process::Stdio;
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-/// Node state changes as the schema announces them on `nextmini_nodes`
-/// ("topology/node state"), with when they arrived: transitions too quick to
-/// poll for (a restart within half a second) are still seen.
-fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-        else {
-            return;
-        };
-        runtime.block_on(async move {
-            let Ok(mut listener) = sqlx::postgres::PgListener::connect(&url).await else {
-                return;
-            };
-            if listener.listen("nextmini_nodes").await.is_err() {
-                return;
-            }
-            while let Ok(Some(n)) = listener.try_recv().await {
-                if tx.send((n.payload().to_string(), Instant::now())).is_err() {
-                    return;
-                }
-            }
-        });
-    });
-    // Let LISTEN take effect before the caller causes anything.
-    std::thread::sleep(Duration::from_millis(300));
-    rx
-}
-
-fn wait_state(
-    events: &mpsc::Receiver<(String, Instant)>,
-    expected: &str,
-    limit: Duration,
-) -> Instant {
-    let deadline = Instant::now() + limit;
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match events.recv_timeout(left) {
-            Ok((payload, at)) if payload == expected => return at,
-            Ok(_) => continue,
-            Err(_) => panic!("no `{expected}` on nextmini_nodes within {limit:?}"),
-        }
-    }
-}
 
 fn node_field(env: &Env, node: &str, field: &str) -> String {
     let column = match field {

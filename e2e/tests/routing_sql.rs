@@ -2,7 +2,11 @@
 //! iperf3 flows between the same pair of nodes on different paths, a weighted
 //! split of an aggregate), seen on per-link counters; metrics history is kept.
 
+#[path = "support/node_states.rs"]
+mod node_states;
+
 use nextmini_e2e::{Env, all_acked, kill9, link_counter};
+use node_states::{wait_state, watch_node_states};
 use std::process::{Child, Stdio};
 use std::time::Duration;
 use std::time::Instant;
@@ -173,13 +177,12 @@ fn routes_in_sql_steer_flows_and_split_aggregates() {
         .psql("SELECT n.pid FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = 'dia' AND n.name = 'y'")
         .parse()
         .expect("pid of y's agent");
+    // The local runtime restarts the agent within half a second, quicker than
+    // polling can be sure to see; the schema's notifications show every change.
+    let events = watch_node_states(env.ok(&["db", "url"]).trim().to_string());
     let killed = Instant::now();
     kill9(pid);
-    env.wait_for("y marked disconnected", Duration::from_secs(5), || {
-        env.psql("SELECT agent_state FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = 'dia' AND n.name = 'y'")
-            == "disconnected"
-    });
-    let marked = killed.elapsed();
+    let marked = wait_state(&events, "dia/y disconnected", Duration::from_secs(5)) - killed;
     env.wait_for("s to report s-y down", Duration::from_secs(5), || {
         env.psql("SELECT connected FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'dia' AND c.link = 's-y' AND c.node = 's'")
             == "f"
