@@ -79,6 +79,13 @@ fn fetch(c: &Cluster, url: &str) -> (String, f64) {
     (sha, speed)
 }
 
+/// Bytes b has received on link b-c, as its agent last reported them.
+fn b_received(c: &Cluster) -> i64 {
+    c.psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'line3' AND c.node = 'b' AND c.link = 'b-c'")
+        .parse()
+        .expect("a byte count")
+}
+
 fn generation_and_acks(c: &Cluster) -> (i64, i64) {
     let row = c.psql(
         "SELECT t.generation, min(n.acked_generation) FROM topologies t JOIN nodes n ON n.topology_id = t.id WHERE t.name = 'line3' GROUP BY t.generation",
@@ -210,21 +217,19 @@ fn operator_runs_line3_on_a_real_cluster() {
         .status
         .success()
     });
-    let before: i64 = c
-        .psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'line3' AND c.node = 'b' AND c.link = 'b-c'")
-        .parse()
-        .expect("counter");
+    let before: i64 = b_received(&c);
     let (sha, speed) = fetch(&c, "http://c:8000/big");
     assert_eq!(sha, expected, "the file arrived intact");
     let unshaped_mbit = speed * 8.0 / 1e6;
     println!("20 MiB c -> b -> a across pods: {unshaped_mbit:.0} Mbit/s");
-    c.wait_for("b's counters to show the transfer", Duration::from_secs(10), || {
-        let now: i64 = c
-            .psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'line3' AND c.node = 'b' AND c.link = 'b-c'")
-            .parse()
-            .unwrap_or(0);
-        (now - before) as u64 >= 20 * MIB
-    });
+    c.wait_for(
+        "b's counters to show the transfer",
+        Duration::from_secs(10),
+        || {
+            let now: i64 = b_received(&c);
+            (now - before) as u64 >= 20 * MIB
+        },
+    );
 
     // kubectl patch of a Link reaches the agents and shapes the traffic.
     let (generation, _) = generation_and_acks(&c);

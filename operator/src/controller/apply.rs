@@ -42,9 +42,10 @@ pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Err
     let generation = store_plan(ctx, &validated, &namespace, &manifest, &credentials).await?;
     apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
     sync_pods(topology, ctx, &validated).await?;
-    let observed = observe(ctx, &namespace, &name, generation).await?;
+    let row = ctx.store.status(&name).await?;
+    let observed = observe(ctx, &namespace, &name, row.as_ref(), generation).await?;
     super::members::adopt(ctx, topology, &manifest).await?;
-    super::members::link_statuses(ctx, &manifest, &name).await?;
+    super::members::link_statuses(ctx, &manifest, row.as_ref()).await?;
     super::members::flow_statuses(ctx, &manifest, &name).await?;
     let ready = write_status(topology, ctx, Planning::Planned, Some(&observed)).await?;
     Ok(Action::requeue(if ready {
@@ -311,9 +312,9 @@ async fn observe(
     ctx: &Context,
     namespace: &str,
     topology: &str,
+    row: Option<&crate::store::TopologyStatusRow>,
     generation: i64,
 ) -> Result<Observed, Error> {
-    let row = ctx.store.status(topology).await?;
     let mut observed = Observed::default();
     if let Some(row) = row {
         observed.nodes_total = row.nodes.len() as u32;

@@ -59,12 +59,9 @@ where
 pub async fn link_statuses(
     ctx: &Context,
     manifest: &Manifest,
-    topology: &str,
+    row: Option<&crate::store::TopologyStatusRow>,
 ) -> Result<(), Error> {
-    if manifest.links.is_empty() {
-        return Ok(());
-    }
-    let Some(row) = ctx.store.status(topology).await? else {
+    let Some(row) = row.filter(|_| !manifest.links.is_empty()) else {
         return Ok(());
     };
     let up: HashMap<&str, bool> = row
