@@ -14,9 +14,12 @@ pub struct Env {
     pub pg_port: u16,
     bin_dir: PathBuf,
     background: Vec<Child>,
-    /// Whether dropping the environment sweeps the whole machine (`down --all`)
-    /// or removes only this environment's topologies (`down`).
-    sweep_machine: bool,
+}
+
+const STATE_DIR_PREFIX: &str = "nextmini-e2e-";
+
+fn pg_port_for(pid: u32) -> u16 {
+    56000 + (pid % 1000) as u16
 }
 
 /// Where cargo put the binaries: next to this test's `deps/` directory, unless
@@ -48,8 +51,9 @@ impl Env {
                 bin_dir.join(bin).display()
             );
         }
+        sweep_dead_runs(&bin_dir);
         let state_dir =
-            std::env::temp_dir().join(format!("nextmini-e2e-{name}-{}", std::process::id()));
+            std::env::temp_dir().join(format!("{STATE_DIR_PREFIX}{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&state_dir);
         std::fs::create_dir_all(&state_dir).expect("state dir");
         // Private state dirs live under /tmp; PostgreSQL (another user) must reach them.
@@ -58,20 +62,10 @@ impl Env {
             .expect("chmod");
         Env {
             state_dir,
-            pg_port: 56000 + (std::process::id() % 1000) as u16,
+            pg_port: pg_port_for(std::process::id()),
             bin_dir,
             background: Vec::new(),
-            sweep_machine: true,
         }
-    }
-
-    /// Like [`Env::new`], but dropping it removes only this environment's own
-    /// topologies (`down`, never `down --all`), so it can run while other suites
-    /// or users have topologies on the same machine.
-    pub fn beside_others(name: &str) -> Env {
-        let mut env = Env::new(name);
-        env.sweep_machine = false;
-        env
     }
 
     /// The agent binary under test.
@@ -228,13 +222,37 @@ impl Drop for Env {
             let _ = child.kill();
             let _ = child.wait();
         }
-        if self.sweep_machine {
-            // `--all`: whatever a failed test left, the next suite starts clean.
-            let _ = self.run(&["down", "--all"]);
-        } else {
-            let _ = self.run(&["down"]);
-        }
+        // Only this environment's topologies: other suites, benchmarks or users
+        // may have theirs on the same machine.
+        let _ = self.run(&["down"]);
         let _ = std::fs::remove_dir_all(&self.state_dir);
+    }
+}
+
+/// Tears down what harness runs that died without dropping their [`Env`]
+/// (`kill -9`, a timeout) left behind: their state directories name their pid,
+/// and a directory whose process is gone is taken down with its own state.
+fn sweep_dead_runs(bin_dir: &Path) {
+    for entry in list_dir(&std::env::temp_dir().to_string_lossy()) {
+        let Some(rest) = entry.strip_prefix(STATE_DIR_PREFIX) else {
+            continue;
+        };
+        let Some(pid) = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let dir = std::env::temp_dir().join(&entry);
+        let _ = Command::new(bin_dir.join("nextmini"))
+            .arg("down")
+            .env("NEXTMINI_STATE_DIR", &dir)
+            .env("NEXTMINI_PG_PORT", pg_port_for(pid).to_string())
+            .env("NEXTMINI_AGENT_BIN", bin_dir.join("nextmini-agent"))
+            .env_remove("NEXTMINI_DATABASE_URL")
+            .stdin(Stdio::null())
+            .output();
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
 

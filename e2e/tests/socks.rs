@@ -138,7 +138,7 @@ fn next_reports() {
 
 #[test]
 fn socks_normal_max_and_auth() {
-    let mut env = Env::beside_others("socks");
+    let mut env = Env::new("socks");
     let topology = format!("socks{}", std::process::id());
     let ports = free_ports(4);
     let [normal, max, auth] = [ports[0], ports[1], ports[2]];
