@@ -16,7 +16,8 @@ pkg_for() { # command -> Debian package
 }
 # prometheus and chromium: the observability e2e suite scrapes a topology with a
 # real Prometheus and renders the HTML topology graph headless.
-for cmd in ip ping curl python3 iperf3 cc pkg-config psql prometheus chromium; do
+# openssl: the isolation suite forges a client certificate outside the control CA.
+for cmd in ip ping curl python3 iperf3 cc pkg-config psql prometheus chromium openssl; do
   if ! have "$cmd"; then
     case "$cmd" in
       psql) need+=(postgresql-client) ;;

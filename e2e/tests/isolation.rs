@@ -3,6 +3,7 @@
 //! key is refused, however well it names the link.
 
 use nextmini_e2e::{Env, link_counter, repo_path};
+use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
 
@@ -58,18 +59,84 @@ fn credentials_and_link_keys_keep_topologies_apart() {
     env.ok(&["up", "-f", other.to_str().expect("path")]);
     let a_credential = env.state_dir.join("credentials/line3/a");
 
-    // A's credential for B's node, and for another node of A: both refused, no snapshot.
+    // Credentials are the owner's alone.
+    for file in ["a", "a.crt", "a.key", "ca.crt"] {
+        let mode = std::fs::metadata(env.state_dir.join("credentials/line3").join(file))
+            .expect("credential file")
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600, "credentials/line3/{file} is {mode:o}");
+    }
+
+    // A's certificate for B's node, and for another node of A: the hub refuses
+    // the Hello, since the certificate says who the agent is. No snapshot.
     for (topology, node) in [("other", "x"), ("line3", "b")] {
         let log = impostor(&env, topology, node, &a_credential);
         assert!(
-            log.contains("bad credential"),
-            "{topology}/{node} with a's credential: {log}"
+            log.contains("certificate is for line3/a"),
+            "{topology}/{node} with a's certificate: {log}"
         );
         assert!(
             !log.contains("snapshot applied"),
             "{topology}/{node} got a snapshot: {log}"
         );
     }
+
+    // A certificate the control CA did not sign, naming b exactly as the real
+    // one does: refused in the TLS handshake, before any message.
+    let forged = env.state_dir.join("forged");
+    std::fs::create_dir_all(&forged).expect("dir");
+    std::fs::copy(&a_credential, forged.join("b")).expect("token");
+    std::fs::copy(
+        env.state_dir.join("credentials/line3/ca.crt"),
+        forged.join("ca.crt"),
+    )
+    .expect("ca");
+    let made = Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+        ])
+        .args(["-nodes", "-days", "1", "-subj", "/CN=forged-b"])
+        .args(["-addext", "subjectAltName=URI:spiffe://nextmini/line3/b"])
+        .arg("-keyout")
+        .arg(forged.join("b.key"))
+        .arg("-out")
+        .arg(forged.join("b.crt"))
+        .output()
+        .expect("openssl");
+    assert!(
+        made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&made.stderr)
+    );
+    let log = impostor(&env, "line3", "b", &forged.join("b"));
+    assert!(
+        log.contains("control stream failed") && !log.contains("snapshot applied"),
+        "a self-made certificate got through: {log}"
+    );
+
+    // The agent trusts only the control CA: a hub it cannot verify gets nothing.
+    let distrust = env.state_dir.join("distrust");
+    std::fs::create_dir_all(&distrust).expect("dir");
+    for file in ["a", "a.crt", "a.key"] {
+        std::fs::copy(
+            env.state_dir.join("credentials/line3").join(file),
+            distrust.join(file),
+        )
+        .expect("copy");
+    }
+    std::fs::copy(forged.join("b.crt"), distrust.join("ca.crt")).expect("foreign ca");
+    let log = impostor(&env, "line3", "a", &distrust.join("a"));
+    assert!(
+        log.contains("invalid peer certificate") && !log.contains("snapshot applied"),
+        "the agent accepted a hub outside its CA: {log}"
+    );
+
     // The real agents were not displaced.
     assert_eq!(
         env.psql("SELECT count(*) FROM nodes WHERE agent_state = 'connected'"),
@@ -111,5 +178,24 @@ except Exception as e:
         env.exec("a", &["ping", "-c", "1", "-W", "2", "c"])
             .status
             .success()
+    );
+
+    // A topology applied again under its name gets new tokens: a copy of the
+    // old credential (certificate still valid) opens nothing.
+    let old = env.state_dir.join("old");
+    std::fs::create_dir_all(&old).expect("dir");
+    for file in ["a", "a.crt", "a.key", "ca.crt"] {
+        std::fs::copy(
+            env.state_dir.join("credentials/line3").join(file),
+            old.join(file),
+        )
+        .expect("copy");
+    }
+    env.ok(&["down", "line3"]);
+    env.ok(&["up", "-f", line3.to_str().expect("path")]);
+    let log = impostor(&env, "line3", "a", &old.join("a"));
+    assert!(
+        log.contains("bad credential") && !log.contains("snapshot applied"),
+        "the old incarnation's credential was accepted: {log}"
     );
 }

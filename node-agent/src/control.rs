@@ -4,22 +4,28 @@
 
 use crate::dataplane::{ApplyError, Dataplane};
 use hyper_util::rt::TokioIo;
+use nextmini_proto::tls::{HUB_SERVER_NAME, TlsError, client_config};
 use nextmini_proto::v1 as pb;
 use pb::control_client::ControlClient;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
+use tokio_rustls::TlsConnector;
+use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_millis(1000);
 
-/// Where the hub listens: a Unix socket (local mode) or an http(s) URL.
+/// Where the hub listens: a Unix socket (local mode) or `host:port` (a
+/// Service in a cluster). Both carry TLS.
 #[derive(Debug, Clone)]
 pub enum HubAddress {
     Unix(PathBuf),
-    Url(String),
+    Tcp(String),
 }
 
 impl std::str::FromStr for HubAddress {
@@ -32,11 +38,20 @@ impl std::str::FromStr for HubAddress {
             }
             return Ok(HubAddress::Unix(PathBuf::from(path)));
         }
-        if s.starts_with("http://") || s.starts_with("https://") {
-            return Ok(HubAddress::Url(s.to_string()));
+        if let Some(rest) = s.strip_prefix("https://") {
+            let authority = rest.trim_end_matches('/');
+            if authority.is_empty() || authority.contains('/') || !authority.contains(':') {
+                return Err(format!("{s:?}: expected https://host:port"));
+            }
+            return Ok(HubAddress::Tcp(authority.to_string()));
+        }
+        if s.starts_with("http://") {
+            return Err(format!(
+                "{s:?}: the control stream is TLS only; use https://host:port"
+            ));
         }
         Err(format!(
-            "{s:?}: expected unix:/path/to/socket or http(s)://host:port"
+            "{s:?}: expected unix:/path/to/socket or https://host:port"
         ))
     }
 }
@@ -45,35 +60,113 @@ pub struct Identity {
     pub topology: String,
     pub node: String,
     pub credential: String,
+    pub tls: TlsFiles,
 }
 
-async fn connect(hub: &HubAddress) -> Result<Channel, tonic::transport::Error> {
-    match hub {
-        HubAddress::Url(url) => {
-            Endpoint::from_shared(url.clone())?
-                .connect_timeout(Duration::from_secs(2))
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .connect()
-                .await
-        }
-        HubAddress::Unix(path) => {
-            let path = path.clone();
-            // The URI is required by the API but unused: the connector picks the socket.
-            Endpoint::from_static("http://hub.local")
-                .connect_timeout(Duration::from_secs(2))
-                .http2_keep_alive_interval(Duration::from_secs(5))
-                .keep_alive_timeout(Duration::from_secs(5))
-                .connect_with_connector(tower::service_fn(move |_: Uri| {
-                    let path = path.clone();
-                    async move {
-                        let stream = tokio::net::UnixStream::connect(path).await?;
-                        Ok::<_, std::io::Error>(TokioIo::new(stream))
-                    }
-                }))
-                .await
+/// Where the node's control-stream certificate, key and trusted CA are.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub ca: PathBuf,
+}
+
+impl TlsFiles {
+    /// The given paths, or the operator's layout beside the credential file:
+    /// `<file>.crt`, `<file>.key` and `ca.crt` in its directory.
+    pub fn beside(
+        credential_file: &Path,
+        cert: Option<PathBuf>,
+        key: Option<PathBuf>,
+        ca: Option<PathBuf>,
+    ) -> TlsFiles {
+        let with_suffix = |suffix: &str| {
+            let mut p = credential_file.as_os_str().to_owned();
+            p.push(suffix);
+            PathBuf::from(p)
+        };
+        TlsFiles {
+            cert: cert.unwrap_or_else(|| with_suffix(".crt")),
+            key: key.unwrap_or_else(|| with_suffix(".key")),
+            ca: ca.unwrap_or_else(|| {
+                credential_file
+                    .parent()
+                    .unwrap_or(Path::new("."))
+                    .join("ca.crt")
+            }),
         }
     }
+
+    pub fn client_config(&self) -> Result<tokio_rustls::rustls::ClientConfig, ConnectError> {
+        let read = |path: &Path| {
+            std::fs::read(path).map_err(|e| ConnectError::Read(path.to_path_buf(), e))
+        };
+        Ok(client_config(
+            &read(&self.ca)?,
+            &read(&self.cert)?,
+            &read(&self.key)?,
+        )?)
+    }
+}
+
+impl std::fmt::Display for TlsFiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "certificate {}, key {}, CA {}",
+            self.cert.display(),
+            self.key.display(),
+            self.ca.display()
+        )
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("reading {0}: {1}")]
+    Read(PathBuf, std::io::Error),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
+    #[error(transparent)]
+    Transport(#[from] tonic::transport::Error),
+}
+
+/// Dials the hub and does the TLS handshake on whatever the dial gave.
+async fn dial(
+    hub: HubAddress,
+    tls: TlsConnector,
+) -> std::io::Result<TokioIo<tokio_rustls::client::TlsStream<Box<dyn Stream>>>> {
+    let stream: Box<dyn Stream> = match hub {
+        HubAddress::Tcp(authority) => {
+            // Resolved at every dial: the hub's Service address may change.
+            let stream = tokio::net::TcpStream::connect(authority.as_str()).await?;
+            stream.set_nodelay(true)?;
+            Box::new(stream)
+        }
+        HubAddress::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+    };
+    let name = ServerName::try_from(HUB_SERVER_NAME).map_err(std::io::Error::other)?;
+    Ok(TokioIo::new(tls.connect(name, stream).await?))
+}
+
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+async fn connect(hub: &HubAddress, tls: &TlsFiles) -> Result<Channel, ConnectError> {
+    // Read at every attempt, so rotated certificates take effect.
+    let connector = TlsConnector::from(Arc::new(tls.client_config()?));
+    let hub = hub.clone();
+    // The URI is required by the API but unused: the connector dials, and TLS
+    // is done there (tonic's own TLS would verify the dialled name instead of
+    // the hub's fixed one).
+    Ok(Endpoint::from_static("http://hub.nextmini.internal")
+        .connect_timeout(Duration::from_secs(2))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            dial(hub.clone(), connector.clone())
+        }))
+        .await?)
 }
 
 /// Runs the control loop forever: connect, Hello, apply snapshots, report.
@@ -83,7 +176,9 @@ pub async fn run(hub: HubAddress, identity: Identity, mut dataplane: Dataplane) 
     loop {
         match session(&hub, &identity, &mut dataplane, &mut sequence, &mut backoff).await {
             Ok(()) => tracing::info!("hub closed the stream; reconnecting"),
-            Err(e) => tracing::warn!(error = %e, "control stream failed; reconnecting"),
+            Err(e) => {
+                tracing::warn!(error = %error_chain(e.as_ref()), "control stream failed; reconnecting")
+            }
         }
         let jitter = Duration::from_millis(rand::random_range(0..=backoff.as_millis() as u64 / 2));
         tokio::time::sleep(backoff + jitter).await;
@@ -98,7 +193,7 @@ async fn session(
     sequence: &mut u64,
     backoff: &mut Duration,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = connect(hub).await?;
+    let channel = connect(hub, &identity.tls).await?;
     let mut client = ControlClient::new(channel);
     let (tx, rx) = mpsc::channel::<pb::AgentMessage>(64);
     let hello = pb::Hello {
@@ -203,6 +298,77 @@ async fn session(
     }
 }
 
+/// The error and its sources: tonic's transport errors say only "transport
+/// error" and keep the TLS reason underneath.
+fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
 fn message(msg: pb::agent_message::Msg) -> pb::AgentMessage {
     pb::AgentMessage { msg: Some(msg) }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hub_addresses_are_tls_only() {
+        assert!(matches!(
+            "unix:/run/hub.sock".parse::<HubAddress>(),
+            Ok(HubAddress::Unix(p)) if p == Path::new("/run/hub.sock")
+        ));
+        assert!(matches!(
+            "https://nm-hub.lab.svc:50051".parse::<HubAddress>(),
+            Ok(HubAddress::Tcp(a)) if a == "nm-hub.lab.svc:50051"
+        ));
+        let plain = "http://nm-hub:50051"
+            .parse::<HubAddress>()
+            .expect_err("plain http accepted");
+        assert!(plain.contains("TLS only"), "{plain}");
+        for bad in [
+            "https://",
+            "https://host",
+            "https://host:1/path",
+            "tcp://h:1",
+            "unix:",
+        ] {
+            assert!(bad.parse::<HubAddress>().is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn tls_files_default_to_the_operators_layout() {
+        let files = TlsFiles::beside(Path::new("/var/run/nextmini/credential"), None, None, None);
+        assert_eq!(files.cert, Path::new("/var/run/nextmini/credential.crt"));
+        assert_eq!(files.key, Path::new("/var/run/nextmini/credential.key"));
+        assert_eq!(files.ca, Path::new("/var/run/nextmini/ca.crt"));
+        let given = TlsFiles::beside(
+            Path::new("c"),
+            Some("x.pem".into()),
+            Some("y.pem".into()),
+            Some("z.pem".into()),
+        );
+        assert_eq!(
+            (given.cert, given.key, given.ca),
+            ("x.pem".into(), "y.pem".into(), "z.pem".into())
+        );
+        let missing = TlsFiles::beside(Path::new("/nonexistent/credential"), None, None, None)
+            .client_config()
+            .expect_err("missing files accepted");
+        assert!(
+            missing.to_string().contains("/nonexistent/ca.crt"),
+            "{missing}"
+        );
+    }
 }

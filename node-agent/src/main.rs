@@ -2,7 +2,7 @@
 
 use anyhow::Context;
 use clap::Parser;
-use nextmini_agent::control::{self, HubAddress, Identity};
+use nextmini_agent::control::{self, HubAddress, Identity, TlsFiles};
 use nextmini_agent::dataplane::Dataplane;
 use std::path::PathBuf;
 
@@ -15,16 +15,27 @@ struct Args {
     /// Network namespace (a name under /run/netns) to enter before starting.
     #[arg(long)]
     netns: Option<String>,
-    /// Control hub: unix:/path/to/hub.sock or http(s)://host:port.
+    /// Control hub: unix:/path/to/hub.sock or https://host:port (always TLS).
     #[arg(long, env = "NEXTMINI_HUB")]
     hub: HubAddress,
     #[arg(long, env = "NEXTMINI_TOPOLOGY")]
     topology: String,
     #[arg(long, env = "NEXTMINI_NODE")]
     node: String,
-    /// File holding this node's credential (issued by the operator).
+    /// File holding this node's credential token (issued by the operator).
     #[arg(long, env = "NEXTMINI_CREDENTIAL_FILE")]
     credential_file: PathBuf,
+    /// This node's client certificate (PEM) for the control stream's mTLS
+    /// [default: the credential file's path + `.crt`].
+    #[arg(long, env = "NEXTMINI_CERT_FILE")]
+    cert_file: Option<PathBuf>,
+    /// Its private key (PEM) [default: the credential file's path + `.key`].
+    #[arg(long, env = "NEXTMINI_KEY_FILE")]
+    key_file: Option<PathBuf>,
+    /// The control CA's certificate (PEM), the only one the agent trusts for
+    /// the hub [default: `ca.crt` beside the credential file].
+    #[arg(long, env = "NEXTMINI_CA_FILE")]
+    ca_file: Option<PathBuf>,
     /// Name of the TUN device to create.
     #[arg(long, default_value = "nm0")]
     tun: String,
@@ -71,6 +82,16 @@ fn main() -> anyhow::Result<()> {
         .with_context(|| format!("reading {}", args.credential_file.display()))?
         .trim()
         .to_string();
+    let tls = TlsFiles::beside(
+        &args.credential_file,
+        args.cert_file.clone(),
+        args.key_file.clone(),
+        args.ca_file.clone(),
+    );
+    // Checked now so a missing or broken file is an error at start; read again
+    // at every connect, so rotated files are picked up without a restart.
+    tls.client_config()
+        .with_context(|| format!("control-stream TLS files ({tls})"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()
@@ -97,6 +118,7 @@ fn main() -> anyhow::Result<()> {
             topology: args.topology,
             node: args.node,
             credential,
+            tls,
         };
         tokio::select! {
             _ = control::run(args.hub, identity, dataplane) => {}

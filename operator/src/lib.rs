@@ -9,6 +9,7 @@ pub mod hub;
 pub mod import;
 pub mod localpg;
 pub mod observe;
+pub mod pki;
 pub mod plan;
 pub mod runtime;
 pub mod shutdown;

@@ -405,7 +405,7 @@ fn check_operator(docs: &[Value], release: &str, pull_policy: &str, tag: &str) {
     assert_eq!(env_value(&env, "NEXTMINI_HUB_LISTEN"), "0.0.0.0:50051");
     assert_eq!(
         env_value(&env, "NEXTMINI_HUB_ADDRESS"),
-        format!("http://{release}-hub.{NAMESPACE}.svc:50051")
+        format!("https://{release}-hub.{NAMESPACE}.svc:50051")
     );
     assert_eq!(
         env_value(&env, "NEXTMINI_AGENT_IMAGE"),

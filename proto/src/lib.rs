@@ -4,11 +4,13 @@
 //! answers with a full `Snapshot`, then ordered `Delta`s tagged with a generation; the
 //! agent acknowledges generations and reports per-link counters.
 
-#![allow(clippy::all)]
-
+// Generated code: its style is tonic-build's.
+#[allow(clippy::all)]
 pub mod v1 {
     tonic::include_proto!("nextmini.v1");
 }
 
 /// Version of the control protocol spoken by this build; sent in `Hello`.
 pub const PROTOCOL_VERSION: u32 = 1;
+
+pub mod tls;

@@ -67,7 +67,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{- end -}}
 
 {{- define "nextmini.hubAddress" -}}
-{{- printf "http://%s.%s.svc:%d" (include "nextmini.objname" (list . "hub")) .Release.Namespace (int .Values.hub.port) -}}
+{{- printf "https://%s.%s.svc:%d" (include "nextmini.objname" (list . "hub")) .Release.Namespace (int .Values.hub.port) -}}
 {{- end -}}
 
 {{/* PostgreSQL in the release: Service, Secret and host. */}}

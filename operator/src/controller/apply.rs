@@ -9,6 +9,7 @@ use super::status::{self, Observed, Planning};
 use super::validate::{self, Invalid, Validated};
 use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
 use crate::api::{ConditionStatus, Topology, TopologyStatus};
+use crate::pki::Credentials;
 use crate::plan::Manifest;
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::{Pod, Secret, Service};
@@ -17,7 +18,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::json;
-use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
@@ -107,17 +107,20 @@ async fn refuse(topology: &Topology, ctx: &Context, invalid: &Invalid) -> Result
     Ok(())
 }
 
-/// Each node's credential, kept in the topology's Secret across reconciles;
-/// new nodes get new ones.
+/// Each node's credential (token, certificate and key of the store's control
+/// CA), kept in the topology's Secret across reconciles; new nodes get new ones,
+/// and all are issued again when the CA is not the one that issued them (a new
+/// database). Agents read their files at every connect, so a rotation needs no
+/// pod restart once the kubelet has updated the mounted Secret.
 async fn ensure_credentials(
     topology: &Topology,
     ctx: &Context,
     validated: &Validated,
-) -> Result<BTreeMap<String, String>, Error> {
+) -> Result<Credentials, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let name = &validated.plan.topology;
     let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
-    let existing: BTreeMap<String, String> = api
+    let stored: BTreeMap<String, String> = api
         .get_opt(&pods::credentials_secret(name))
         .await?
         .and_then(|s| s.data)
@@ -125,19 +128,21 @@ async fn ensure_credentials(
         .into_iter()
         .filter_map(|(k, v)| Some((k, String::from_utf8(v.0).ok()?)))
         .collect();
-    let credentials: BTreeMap<String, String> = validated
-        .plan
-        .nodes
-        .iter()
-        .map(|n| {
-            let c = existing
-                .get(&n.name)
-                .cloned()
-                .unwrap_or_else(|| hex::encode(rand::random::<[u8; 32]>()));
-            (n.name.clone(), c)
-        })
+    let ca = ctx.store.control_ca().await?;
+    let nodes = || validated.plan.nodes.iter().map(|n| &n.name);
+    let mut credentials = Credentials::from_files(&stored, nodes())
+        .filter(|c| c.ca_pem == ca.cert_pem())
+        .unwrap_or_else(|| Credentials {
+            ca_pem: ca.cert_pem().to_string(),
+            nodes: BTreeMap::new(),
+        });
+    let missing: Vec<&String> = nodes()
+        .filter(|n| !credentials.nodes.contains_key(*n))
         .collect();
-    if credentials != existing {
+    let issued = Credentials::issue(&ca, name, missing.into_iter())
+        .map_err(crate::store::StoreError::from)?;
+    credentials.nodes.extend(issued.nodes);
+    if credentials.files() != stored {
         apply_object(
             &ctx.client,
             &namespace,
@@ -164,27 +169,13 @@ fn source_of(manifest: &Manifest) -> String {
     json!({"topology": topology, "links": links, "flows": flows}).to_string()
 }
 
-fn hashes<'a>(
-    credentials: &BTreeMap<String, String>,
-    nodes: impl Iterator<Item = &'a String>,
-) -> BTreeMap<String, String> {
-    nodes
-        .filter_map(|n| {
-            Some((
-                n.clone(),
-                hex::encode(Sha256::digest(credentials.get(n)?.as_bytes())),
-            ))
-        })
-        .collect()
-}
-
 /// Stores the plan when it changed and returns the generation in force.
 async fn store_plan(
     ctx: &Context,
     validated: &Validated,
     namespace: &str,
     manifest: &Manifest,
-    credentials: &BTreeMap<String, String>,
+    credentials: &Credentials,
 ) -> Result<i64, Error> {
     let store = &ctx.store;
     let plan = &validated.plan;
@@ -200,7 +191,7 @@ async fn store_plan(
         .and_then(|(running, _)| running.node_changes(plan));
     let generation = match changes {
         Some(changes) => {
-            let added = hashes(credentials, changes.added.iter());
+            let added = credentials.token_hashes(changes.added.iter());
             let g = store
                 .apply_node_changes(plan, &source, &changes.removed, &added)
                 .await?;
@@ -221,7 +212,7 @@ async fn store_plan(
             g
         }
         None => {
-            let all = hashes(credentials, plan.nodes.iter().map(|n| &n.name));
+            let all = credentials.token_hashes(plan.nodes.iter().map(|n| &n.name));
             let g = store
                 .apply_plan(plan, &pods::runtime_name(namespace), &source, &all)
                 .await?;

@@ -6,6 +6,7 @@
 use super::validate::Validated;
 use super::{MANAGED_BY, NODE_LABEL, Settings, TOPOLOGY_LABEL};
 use crate::api::Topology;
+use crate::pki::{Credentials, files};
 use crate::plan::{LINK_PORT, PlannedNode};
 use crate::runtime::pods;
 use k8s_openapi::ByteString;
@@ -77,11 +78,12 @@ pub fn service(owner: &Topology, topology: &str) -> Service {
     }
 }
 
-/// The credentials Secret, one key per node.
+/// The credentials Secret: per node its token, certificate and key, and the
+/// control CA's certificate.
 pub fn credentials(
     owner: &Topology,
     topology: &str,
-    credentials: &BTreeMap<String, String>,
+    credentials: &Credentials,
 ) -> k8s_openapi::api::core::v1::Secret {
     k8s_openapi::api::core::v1::Secret {
         metadata: owned_meta(
@@ -91,8 +93,9 @@ pub fn credentials(
         ),
         data: Some(
             credentials
-                .iter()
-                .map(|(n, c)| (n.clone(), ByteString(c.as_bytes().to_vec())))
+                .files()
+                .into_iter()
+                .map(|(k, v)| (k, ByteString(v.into_bytes())))
                 .collect(),
         ),
         type_: Some("Opaque".into()),
@@ -210,11 +213,23 @@ fn agent_pod(
                 name: "credential".into(),
                 secret: Some(SecretVolumeSource {
                     secret_name: Some(pods::credentials_secret(topology)),
-                    items: Some(vec![KeyToPath {
-                        key: node.name.clone(),
-                        path: "credential".into(),
-                        mode: Some(0o400),
-                    }]),
+                    // Only this node's files, named as the agent expects
+                    // them beside its credential file.
+                    items: Some(
+                        [
+                            (files::token(&node.name), "credential"),
+                            (files::cert(&node.name), "credential.crt"),
+                            (files::key(&node.name), "credential.key"),
+                            (files::CA.to_string(), files::CA),
+                        ]
+                        .into_iter()
+                        .map(|(key, path)| KeyToPath {
+                            key,
+                            path: path.into(),
+                            mode: Some(0o400),
+                        })
+                        .collect(),
+                    ),
                     ..SecretVolumeSource::default()
                 }),
                 ..Volume::default()
@@ -283,7 +298,7 @@ mod tests {
 
     fn settings() -> Settings {
         Settings {
-            hub_address: "http://nextmini-hub.nextmini.svc:50051".into(),
+            hub_address: "https://nextmini-hub.nextmini.svc:50051".into(),
             agent_image: "docker.io/nextmini/nextmini:dev".into(),
             agent_image_pull_policy: "Never".into(),
             agent_log: "info".into(),
@@ -437,12 +452,45 @@ mod tests {
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
         assert!(s.metadata.owner_references.is_some());
-        let secret = credentials(
-            &t,
-            "line3",
-            &BTreeMap::from([("a".to_string(), "x".to_string())]),
-        );
+        let ca = crate::pki::ControlCa::generate().expect("ca");
+        let issued =
+            Credentials::issue(&ca, "line3", ["a".to_string()].iter()).expect("credentials");
+        let secret = credentials(&t, "line3", &issued);
         assert_eq!(secret.name_any(), "nm-line3-credentials");
         assert!(secret.metadata.owner_references.is_some());
+        let keys: Vec<&String> = secret.data.as_ref().expect("data").keys().collect();
+        assert_eq!(keys, ["a", "a.crt", "a.key", "ca.crt"]);
+    }
+
+    #[test]
+    fn a_pod_mounts_only_its_own_node_credential() {
+        let (_, pods) = built(SHAPED);
+        let pod = pods
+            .iter()
+            .find(|p| p.labels().get(NODE_LABEL).map(String::as_str) == Some("b"))
+            .expect("pod of b");
+        let secret = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.volumes.as_ref())
+            .and_then(|v| v.iter().find(|v| v.name == "credential"))
+            .and_then(|v| v.secret.as_ref())
+            .expect("credential volume");
+        let items: Vec<(&str, &str)> = secret
+            .items
+            .as_ref()
+            .expect("items")
+            .iter()
+            .map(|i| (i.key.as_str(), i.path.as_str()))
+            .collect();
+        assert_eq!(
+            items,
+            [
+                ("b", "credential"),
+                ("b.crt", "credential.crt"),
+                ("b.key", "credential.key"),
+                ("ca.crt", "ca.crt")
+            ]
+        );
     }
 }

@@ -40,7 +40,7 @@ pub const NODE_LABEL: &str = "nextmini.io/node";
 /// What every agent pod is made with; fixed for the operator's lifetime.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Settings {
-    /// What agents dial, e.g. `http://nextmini-hub.nextmini.svc:50051`.
+    /// What agents dial, e.g. `https://nextmini-hub.nextmini.svc:50051`.
     pub hub_address: String,
     pub agent_image: String,
     pub agent_image_pull_policy: String,

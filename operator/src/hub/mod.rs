@@ -11,11 +11,15 @@ mod observability;
 mod params;
 mod session;
 mod snapshot;
+mod tls;
 
 pub use snapshot::{TopologyView, Underlay, delta};
 
+use crate::observe::Refusal;
 use crate::store::{Store, TOPOLOGY_CHANNEL};
 use batcher::CounterBatcher;
+use futures::StreamExt;
+use nextmini_proto::tls::NodeIdentity;
 use nextmini_proto::v1 as pb;
 use pb::control_server::{Control, ControlServer};
 use session::SessionEntry;
@@ -86,43 +90,63 @@ impl Hub {
         if path.exists() {
             std::fs::remove_file(path)?;
         }
+        let tls = self.tls_config().await?;
         let listener = tokio::net::UnixListener::bind(path)?;
         set_owner_only(path)?;
         self.start_background().await;
+        let incoming = tls::authenticated(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            tls,
+            self.inner.metrics.clone(),
+        );
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
             .http2_keepalive_timeout(Some(Duration::from_secs(5)))
             .add_service(ControlServer::new(self))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::UnixListenerStream::new(listener),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
         Ok(())
     }
 
     /// Serves the control stream on TCP (in a cluster, behind the hub Service)
-    /// until `shutdown` resolves. Agents prove who they are with their
-    /// credential in Hello, as over the Unix socket.
+    /// until `shutdown` resolves. TLS with client certificates, as on the Unix
+    /// socket.
     pub async fn serve_tcp(
         self,
         addr: std::net::SocketAddr,
         shutdown: impl std::future::Future<Output = ()> + Send + 'static,
     ) -> anyhow::Result<()> {
+        let tls = self.tls_config().await?;
         let listener = tokio::net::TcpListener::bind(addr).await?;
-        tracing::info!(%addr, "control hub listening");
+        tracing::info!(%addr, "control hub listening (mTLS)");
         self.start_background().await;
+        let accepted = tokio_stream::wrappers::TcpListenerStream::new(listener).map(|conn| {
+            let conn = conn?;
+            // Deltas are small and latency matters more than segment count.
+            conn.set_nodelay(true)?;
+            Ok(conn)
+        });
+        let incoming = tls::authenticated(accepted, tls, self.inner.metrics.clone());
         tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(5)))
             .http2_keepalive_timeout(Some(Duration::from_secs(5)))
-            .tcp_nodelay(true)
             .add_service(ControlServer::new(self))
-            .serve_with_incoming_shutdown(
-                tokio_stream::wrappers::TcpListenerStream::new(listener),
-                shutdown,
-            )
+            .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
         Ok(())
+    }
+
+    /// The hub's TLS: a server certificate issued afresh by the store's control
+    /// CA, and client certificates of that CA required.
+    async fn tls_config(&self) -> anyhow::Result<Arc<rustls::ServerConfig>> {
+        let ca = self.inner.store.control_ca().await?;
+        let cert = ca.issue_hub()?;
+        let config = nextmini_proto::tls::server_config(
+            ca.cert_pem().as_bytes(),
+            cert.cert_pem.as_bytes(),
+            cert.key_pem.as_bytes(),
+        )?;
+        Ok(Arc::new(config))
     }
 
     /// The tasks beside the streams: change listener, silence watchdog, metrics
@@ -340,7 +364,18 @@ impl Hub {
         }
     }
 
-    async fn authenticate(&self, hello: &pb::Hello) -> Result<i64, Status> {
+    /// Checks Hello against the connection's certificate and the store: the
+    /// certificate says which node this is, the token that it belongs to the
+    /// topology as applied now.
+    async fn authenticate(&self, peer: &NodeIdentity, hello: &pb::Hello) -> Result<i64, Status> {
+        if peer.topology != hello.topology || peer.node != hello.node {
+            self.inner.metrics.refused(Refusal::IdentityMismatch);
+            tracing::warn!(certificate = %peer, claimed_topology = %hello.topology, claimed_node = %hello.node, "refused a session: Hello claims another node than its certificate");
+            return Err(Status::permission_denied(format!(
+                "this connection's certificate is for {peer}, not {}/{}",
+                hello.topology, hello.node
+            )));
+        }
         if hello.protocol_version != nextmini_proto::PROTOCOL_VERSION {
             return Err(Status::failed_precondition(format!(
                 "protocol version {} not supported (hub speaks {})",
@@ -355,6 +390,7 @@ impl Hub {
             .await
             .map_err(|e| Status::unavailable(e.to_string()))?
             .ok_or_else(|| {
+                self.inner.metrics.refused(Refusal::UnknownNode);
                 Status::not_found(format!(
                     "topology {} has no node {}",
                     hello.topology, hello.node
@@ -362,6 +398,7 @@ impl Hub {
             })?;
         let presented = hex::encode(Sha256::digest(hello.credential.as_bytes()));
         if presented != identity.credential_sha256 {
+            self.inner.metrics.refused(Refusal::BadCredential);
             return Err(Status::unauthenticated("bad credential"));
         }
         Ok(identity.topology_id)
@@ -414,6 +451,11 @@ impl Control for Hub {
         &self,
         request: Request<Streaming<pb::AgentMessage>>,
     ) -> Result<Response<Self::SessionStream>, Status> {
+        // Every connection reaching here passed the TLS handshake with a node
+        // certificate; a request without one means a listener without TLS.
+        let Some(tls::PeerNode(peer)) = request.extensions().get::<tls::PeerNode>().cloned() else {
+            return Err(Status::unauthenticated("no client certificate"));
+        };
         let mut inbound = request.into_inner();
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
@@ -424,7 +466,7 @@ impl Control for Hub {
         else {
             return Err(Status::invalid_argument("the first message must be Hello"));
         };
-        let topology_id = self.authenticate(&hello).await?;
+        let topology_id = self.authenticate(&peer, &hello).await?;
         // Deep enough for bursts of changes (a script flipping routes); one that falls further
         // behind is resynced by its next reconnect.
         let (tx, rx) = mpsc::channel(1024);

@@ -41,6 +41,38 @@ struct ResultLabel {
     result: String,
 }
 
+/// Why the hub refused a control connection or session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// The TLS handshake failed: no client certificate, or not the CA's.
+    TlsHandshake,
+    /// The certificate verified but names no node.
+    NoIdentity,
+    /// Hello claimed another topology or node than the certificate names.
+    IdentityMismatch,
+    /// The node exists but the token is not its current one.
+    BadCredential,
+    /// No such topology or node in the store.
+    UnknownNode,
+}
+
+impl Refusal {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Refusal::TlsHandshake => "tls_handshake",
+            Refusal::NoIdentity => "no_identity",
+            Refusal::IdentityMismatch => "identity_mismatch",
+            Refusal::BadCredential => "bad_credential",
+            Refusal::UnknownNode => "unknown_node",
+        }
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ReasonLabel {
+    reason: String,
+}
+
 /// 1 ms to about 65 s, doubling.
 fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 17)
@@ -55,6 +87,7 @@ pub struct HubMetrics {
     reconciles: Family<ResultLabel, Counter>,
     reconcile_duration: Family<ResultLabel, Histogram>,
     scrape_errors: Counter,
+    refused: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for HubMetrics {
@@ -116,6 +149,12 @@ impl HubMetrics {
             "Local agent metrics endpoints that could not be scraped (dead or slow agents)",
             scrape_errors.clone(),
         );
+        let refused = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "nextmini_hub_refused_connections",
+            "Control connections or sessions the hub refused, by reason (TLS, identity, credential)",
+            refused.clone(),
+        );
         // Both results exist from the start, so a rate over them is never "no data".
         for r in [ReconcileResult::Applied, ReconcileResult::Failed] {
             drop(reconciles.get_or_create(&ResultLabel {
@@ -131,7 +170,16 @@ impl HubMetrics {
             reconciles,
             reconcile_duration,
             scrape_errors,
+            refused,
         }
+    }
+
+    pub fn refused(&self, why: Refusal) {
+        self.refused
+            .get_or_create(&ReasonLabel {
+                reason: why.as_str().into(),
+            })
+            .inc();
     }
 
     pub fn observe_control_delta(&self, took: Duration) {

@@ -57,11 +57,11 @@ pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
 #[allow(async_fn_in_trait)]
 pub trait Runtime {
     /// Creates every node of the plan and starts its agent. `credentials` holds
-    /// each node's secret. On error, whatever was created is left for `destroy`.
+    /// each node's token and certificate. On error, whatever was created is left for `destroy`.
     async fn create(
         &self,
         plan: &Plan,
-        credentials: &BTreeMap<String, String>,
+        credentials: &crate::pki::Credentials,
         progress: Progress<'_>,
     ) -> Result<BTreeMap<String, u32>, RuntimeError>;
 

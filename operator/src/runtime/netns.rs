@@ -4,6 +4,7 @@
 use super::netlink::{self, connect_here};
 use super::process::{self, AgentLaunch};
 use super::{Progress, Removed, Runtime, RuntimeError, cgroup, names};
+use crate::pki::{Credentials, NodeCredential, files};
 use crate::plan::{Plan, PlannedNode};
 use futures::StreamExt;
 use std::collections::BTreeMap;
@@ -62,7 +63,7 @@ impl NetnsRuntime {
         node: &PlannedNode,
         bridge_index: u32,
         hosts: &str,
-        credential: &str,
+        credential: &NodeCredential,
     ) -> Result<u32, RuntimeError> {
         let topology = &plan.topology;
         let ns = names::netns(topology, &node.name);
@@ -96,7 +97,13 @@ impl NetnsRuntime {
         std::fs::write(etc.join("hosts"), hosts)
             .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
 
-        write_secret(&self.credential_dir(topology).join(&node.name), credential)?;
+        let dir = self.credential_dir(topology);
+        write_secret(&dir.join(files::token(&node.name)), &credential.token)?;
+        write_secret(
+            &dir.join(files::cert(&node.name)),
+            &credential.cert.cert_pem,
+        )?;
+        write_secret(&dir.join(files::key(&node.name)), &credential.cert.key_pem)?;
         cgroup::create(&cgroup::group_name(&ns), &node.resources)?;
         self.start_agent(topology, node)
     }
@@ -175,7 +182,7 @@ impl Runtime for NetnsRuntime {
     async fn create(
         &self,
         plan: &Plan,
-        credentials: &BTreeMap<String, String>,
+        credentials: &Credentials,
         progress: Progress<'_>,
     ) -> Result<BTreeMap<String, u32>, RuntimeError> {
         let topology = &plan.topology;
@@ -212,7 +219,7 @@ impl NetnsRuntime {
         &self,
         plan: &Plan,
         nodes: &[String],
-        credentials: &BTreeMap<String, String>,
+        credentials: &Credentials,
         progress: Progress<'_>,
     ) -> Result<BTreeMap<String, u32>, RuntimeError> {
         let topology = &plan.topology;
@@ -226,6 +233,10 @@ impl NetnsRuntime {
         for node in &wanted {
             socks_addresses_free(node)?;
         }
+        write_secret(
+            &self.credential_dir(topology).join(files::CA),
+            &credentials.ca_pem,
+        )?;
         let host = connect_here()?;
         let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
         let hosts = hosts_file(plan);
@@ -233,7 +244,7 @@ impl NetnsRuntime {
             .map(|node| {
                 let hosts = &hosts;
                 async move {
-                    let credential = credentials.get(&node.name).ok_or_else(|| {
+                    let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
                         RuntimeError::Conflict(format!("no credential for node {}", node.name))
                     })?;
                     let pid = self
@@ -283,8 +294,11 @@ impl NetnsRuntime {
             .flat_map(|ns| process::find_agents_in(ns))
             .collect();
         let removed = sweep(pids, |ns| namespaces.iter().any(|n| n == ns), |_| false).await?;
+        let dir = self.credential_dir(topology);
         for node in nodes {
-            let _ = std::fs::remove_file(self.credential_dir(topology).join(node));
+            for file in [files::token(node), files::cert(node), files::key(node)] {
+                let _ = std::fs::remove_file(dir.join(file));
+            }
         }
         Ok(removed)
     }

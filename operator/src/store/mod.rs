@@ -32,6 +32,8 @@ pub enum StoreError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("stored topology {topology} is inconsistent: {reason}")]
     Corrupt { topology: String, reason: String },
+    #[error(transparent)]
+    Pki(#[from] crate::pki::PkiError),
 }
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
@@ -106,6 +108,42 @@ impl Store {
             reason: format!("cannot make a link certificate: {e}"),
         })?;
         identity::ensure(&self.pool, topology, &fresh).await
+    }
+
+    /// The store's control CA, made the first time anyone asks (the first `up`,
+    /// or the operator's first start). Concurrent first callers agree on one.
+    pub async fn control_ca(&self) -> Result<crate::pki::ControlCa> {
+        if let Some(ca) = self.load_control_ca().await? {
+            return Ok(ca);
+        }
+        let fresh = crate::pki::ControlCa::generate()?;
+        sqlx::query(
+            "INSERT INTO control_ca (cert_pem, key_pem) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+        )
+        .bind(fresh.cert_pem())
+        .bind(fresh.key_pem())
+        .execute(&self.pool)
+        .await?;
+        match self.load_control_ca().await? {
+            Some(ca) => Ok(ca),
+            None => Err(StoreError::Corrupt {
+                topology: "-".into(),
+                reason: "the control CA vanished right after it was stored".into(),
+            }),
+        }
+    }
+
+    async fn load_control_ca(&self) -> Result<Option<crate::pki::ControlCa>> {
+        let row = sqlx::query("SELECT cert_pem, key_pem FROM control_ca")
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(match row {
+            Some(r) => Some(crate::pki::ControlCa::from_pem(
+                r.get("cert_pem"),
+                r.get("key_pem"),
+            )?),
+            None => None,
+        })
     }
 
     pub async fn link_identity(&self, topology: &str) -> Result<Option<LinkIdentity>> {

@@ -26,8 +26,9 @@ struct Args {
     /// Where the control hub listens for agents.
     #[arg(long, env = "NEXTMINI_HUB_LISTEN", default_value = "0.0.0.0:50051")]
     hub_listen: SocketAddr,
-    /// What agent pods dial to reach the hub (the hub Service).
-    #[arg(long, env = "NEXTMINI_HUB_ADDRESS")]
+    /// What agent pods dial to reach the hub (the hub Service), `https://host:port`:
+    /// the control stream is always mTLS.
+    #[arg(long, env = "NEXTMINI_HUB_ADDRESS", value_parser = https_address)]
     hub_address: String,
     /// Image of the agent pods.
     #[arg(long, env = "NEXTMINI_AGENT_IMAGE")]
@@ -44,6 +45,16 @@ struct Args {
     /// Watch only this namespace (default: all namespaces).
     #[arg(long, env = "NEXTMINI_WATCH_NAMESPACE")]
     namespace: Option<String>,
+}
+
+fn https_address(s: &str) -> Result<String, String> {
+    let rest = s
+        .strip_prefix("https://")
+        .ok_or("must be https://host:port (the control stream is mTLS)")?;
+    if rest.trim_end_matches('/').rsplit_once(':').is_none() {
+        return Err("must name a port: https://host:port".into());
+    }
+    Ok(s.to_string())
 }
 
 #[tokio::main]

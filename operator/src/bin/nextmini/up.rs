@@ -5,10 +5,10 @@
 use crate::local::Local;
 use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
+use nextmini_operator::pki::Credentials;
 use nextmini_operator::plan::{self, NodeChanges, Plan};
 use nextmini_operator::runtime::Runtime;
 use nextmini_operator::store::Store;
-use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -116,17 +116,17 @@ pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
     Ok(0)
 }
 
-fn new_credentials<'a>(
+/// Tokens and certificates of the store's control CA for `nodes`, and the
+/// tokens' hashes the store keeps.
+async fn new_credentials<'a>(
+    store: &Store,
+    topology: &str,
     nodes: impl Iterator<Item = &'a String>,
-) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
-    let credentials: BTreeMap<String, String> = nodes
-        .map(|n| (n.clone(), hex::encode(rand::random::<[u8; 32]>())))
-        .collect();
-    let hashes = credentials
-        .iter()
-        .map(|(n, c)| (n.clone(), hex::encode(Sha256::digest(c.as_bytes()))))
-        .collect();
-    (credentials, hashes)
+) -> anyhow::Result<(Credentials, BTreeMap<String, String>)> {
+    let ca = store.control_ca().await?;
+    let credentials = Credentials::issue(&ca, topology, nodes)?;
+    let hashes = credentials.token_hashes(credentials.nodes.keys());
+    Ok((credentials, hashes))
 }
 
 /// Starts a topology from nothing (removing whatever an earlier, crashed run
@@ -140,7 +140,8 @@ async fn start(
 ) -> anyhow::Result<bool> {
     let topology = &plan.topology;
     local.remove_topology(store, topology).await?;
-    let (credentials, hashes) = new_credentials(plan.nodes.iter().map(|n| &n.name));
+    let (credentials, hashes) =
+        new_credentials(store, topology, plan.nodes.iter().map(|n| &n.name)).await?;
     let generation = store.apply_plan(plan, "netns", source, &hashes).await?;
     store.ensure_link_identity(topology).await?;
 
@@ -219,7 +220,7 @@ async fn change(
         .filter(|n| !restarted.contains(n))
         .cloned()
         .collect();
-    let (credentials, hashes) = new_credentials(changes.added.iter());
+    let (credentials, hashes) = new_credentials(store, topology, changes.added.iter()).await?;
     let rollback = |e: anyhow::Error| async {
         if let Err(cleanup) = runtime.remove_nodes(topology, &fresh).await {
             eprintln!("warning: removing the nodes this run started failed: {cleanup}");
