@@ -87,6 +87,11 @@ fn contract() -> Vec<(&'static str, Vec<&'static str>, Values)> {
         ("nextmini_agent_generation", agent.clone(), vec![]),
         ("nextmini_agent_tun_packets_total", agent.clone(), dir()),
         (
+            "nextmini_agent_tun_super_packets_total",
+            agent.clone(),
+            dir(),
+        ),
+        (
             "nextmini_agent_drops_total",
             agent.clone(),
             vec![("cause", vec!["no_route", "hop_limit", "malformed"])],

@@ -34,14 +34,16 @@ impl LinkCounters {
         self.queue_bytes.store(stats.queued.bytes, Relaxed);
     }
 
-    pub fn count_tx(&self, bytes: usize) {
-        self.tx_bytes.fetch_add(bytes as u64, Relaxed);
-        self.tx_packets.fetch_add(1, Relaxed);
+    /// Counts what was sent as the packets it stands for on a wire: a
+    /// super-packet counts as its segments, with their headers.
+    pub fn count_tx(&self, packets: u64, bytes: u64) {
+        self.tx_bytes.fetch_add(bytes, Relaxed);
+        self.tx_packets.fetch_add(packets, Relaxed);
     }
 
-    pub fn count_rx(&self, bytes: usize) {
-        self.rx_bytes.fetch_add(bytes as u64, Relaxed);
-        self.rx_packets.fetch_add(1, Relaxed);
+    pub fn count_rx(&self, packets: u64, bytes: u64) {
+        self.rx_bytes.fetch_add(bytes, Relaxed);
+        self.rx_packets.fetch_add(packets, Relaxed);
     }
 
     pub fn count_drop(&self) {
@@ -77,6 +79,9 @@ pub struct NodeCounters {
     pub malformed: AtomicU64,
     pub tun_rx_packets: AtomicU64,
     pub tun_tx_packets: AtomicU64,
+    /// TUN reads and writes that carried a super-packet whole (offload).
+    pub tun_rx_super: AtomicU64,
+    pub tun_tx_super: AtomicU64,
 }
 
 /// SOCKS and max-mode relays of this agent (read by the metrics collector).

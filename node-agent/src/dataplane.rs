@@ -76,6 +76,8 @@ pub struct Dataplane {
     socks_bound: Vec<SocketAddr>,
     /// The node's config from the last snapshot (deltas do not carry it).
     current_node: pb::NodeConfig,
+    /// Ask the kernel for TUN offloads (GSO/GRO with virtio-net headers).
+    tun_offload: bool,
 }
 
 impl Dataplane {
@@ -101,7 +103,15 @@ impl Dataplane {
             socks_listeners: Vec::new(),
             socks_bound: Vec::new(),
             current_node: pb::NodeConfig::default(),
+            tun_offload: true,
         }
+    }
+
+    /// Whether to ask for TUN offloads; on unless turned off (for comparison
+    /// runs, or a kernel that misbehaves with them).
+    pub fn with_tun_offload(mut self, offload: bool) -> Dataplane {
+        self.tun_offload = offload;
+        self
     }
 
     /// SOCKS listeners the agent bound at start (outside its namespace). Their
@@ -304,8 +314,14 @@ impl Dataplane {
             ));
             Some(endpoint)
         };
-        let device = tun_io::create(&self.tun_name, identity.overlay, identity.prefix_len, mtu)?;
-        let local = tun_io::spawn_writer(device.clone(), self.counters.clone());
+        let tun = tun_io::create(
+            &self.tun_name,
+            identity.overlay,
+            identity.prefix_len,
+            mtu,
+            self.tun_offload,
+        )?;
+        let local = tun_io::spawn_writer(tun.clone(), self.counters.clone());
         let processors = Processors::spawn(
             dataplane.processors,
             mapping,
@@ -316,7 +332,7 @@ impl Dataplane {
                 synth: self.synth_slot.clone(),
             },
         );
-        tun_io::spawn_reader(device, processors.clone(), mtu, self.counters.clone());
+        tun_io::spawn_reader(tun.clone(), processors.clone(), mtu, self.counters.clone());
         let tcp = listener::bind(identity.listen).await?;
         tokio::spawn(listener::run_tcp(
             tcp,
@@ -334,7 +350,7 @@ impl Dataplane {
             std::mem::take(&mut self.socks_listeners),
             self.relay.clone(),
         )?;
-        tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, "dataplane started");
+        tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, tun_offload = tun.offload, "dataplane started");
         let context = LinkContext {
             processors,
             quic,

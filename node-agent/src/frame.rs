@@ -14,6 +14,13 @@
 //! `hops` grows by one at each transit node and lets the dataplane drop frames caught
 //! in a routing loop (see [`FrameHeader::forwarded`]).
 //!
+//! `flags` bit 0 ([`FLAG_OFFLOAD`], data frames only): the payload starts with
+//! [`OFFLOAD_LEN`] bytes of TUN offload metadata (`flags u8 | gso_type u8 | hdr_len u16 |
+//! gso_size u16 | csum_start u16 | csum_offset u16`, the kernel's virtio-net header
+//! in big endian), then the IP packet: a super-packet of up to 64 KiB still to be cut
+//! into segments, or a packet whose transport checksum is still to be finished
+//! (see `offload.rs`). The other bits are reserved and carried through.
+//!
 //! Everything here decodes untrusted bytes from a peer, so decoders return errors and
 //! never panic, whatever the input.
 
@@ -25,8 +32,14 @@ use tokio_util::codec::{Decoder, Encoder};
 pub const VERSION: u8 = 1;
 /// Bytes of header, including the length field.
 pub const HEADER_LEN: usize = 12;
-/// Largest payload accepted: the largest IP packet (IPv4 total length is a u16).
-pub const MAX_PAYLOAD: usize = 65_535;
+/// Largest IP packet (IPv4 total length is a u16).
+pub const MAX_PACKET: usize = 65_535;
+/// Data-frame flag: offload metadata precedes the packet.
+pub const FLAG_OFFLOAD: u8 = 0x01;
+/// Bytes of offload metadata in front of the packet when [`FLAG_OFFLOAD`] is set.
+pub const OFFLOAD_LEN: usize = 10;
+/// Largest payload accepted: the largest IP packet with its offload metadata.
+pub const MAX_PAYLOAD: usize = MAX_PACKET + OFFLOAD_LEN;
 /// A frame that has been forwarded more often than this is in a routing loop.
 pub const MAX_HOPS: u8 = 64;
 
@@ -239,6 +252,50 @@ impl Encoder<Frame> for FrameCodec {
         dst.reserve(HEADER_LEN + len);
         encode_header(&header, dst);
         dst.put_slice(&frame.payload);
+        Ok(())
+    }
+}
+
+/// A data frame to encode without first joining its parts: the offload
+/// metadata, if any, and the packet are copied once, into the write buffer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DataFrame {
+    pub hops: u8,
+    pub label: u32,
+    /// Sets [`FLAG_OFFLOAD`] and goes in front of the packet.
+    pub offload: Option<[u8; OFFLOAD_LEN]>,
+    pub packet: Bytes,
+}
+
+impl Encoder<DataFrame> for FrameCodec {
+    type Error = FrameError;
+
+    fn encode(&mut self, frame: DataFrame, dst: &mut BytesMut) -> Result<(), FrameError> {
+        let prefix: &[u8] = match &frame.offload {
+            Some(meta) => meta,
+            None => &[],
+        };
+        let len = prefix.len() + frame.packet.len();
+        if len > MAX_PAYLOAD {
+            return Err(FrameError::Oversize {
+                len: (MIN_LEN + len) as u64,
+            });
+        }
+        let header = FrameHeader {
+            kind: FrameKind::Data,
+            hops: frame.hops,
+            flags: if frame.offload.is_some() {
+                FLAG_OFFLOAD
+            } else {
+                0
+            },
+            label: frame.label,
+            payload_len: len as u32,
+        };
+        dst.reserve(HEADER_LEN + len);
+        encode_header(&header, dst);
+        dst.put_slice(prefix);
+        dst.put_slice(&frame.packet);
         Ok(())
     }
 }
@@ -527,6 +584,61 @@ mod tests {
         let mut buf = BytesMut::from(&bytes[..HEADER_LEN]);
         assert_eq!(FrameCodec.decode(&mut buf).expect("valid"), None);
         assert!(buf.capacity() >= bytes.len());
+    }
+
+    #[test]
+    fn data_frames_carry_offload_metadata_behind_a_flag() {
+        let meta = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10];
+        let mut bytes = BytesMut::new();
+        for offload in [None, Some(meta)] {
+            FrameCodec
+                .encode(
+                    DataFrame {
+                        hops: 3,
+                        label: 9,
+                        offload,
+                        packet: Bytes::from_static(b"packet"),
+                    },
+                    &mut bytes,
+                )
+                .expect("encodable");
+        }
+        let plain = FrameCodec
+            .decode(&mut bytes)
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(plain.header.flags, 0);
+        assert_eq!((plain.header.hops, plain.header.label), (3, 9));
+        assert_eq!(&plain.payload[..], b"packet");
+        let offloaded = FrameCodec
+            .decode(&mut bytes)
+            .expect("valid")
+            .expect("whole");
+        assert_eq!(offloaded.header.flags, FLAG_OFFLOAD);
+        assert_eq!(&offloaded.payload[..OFFLOAD_LEN], &meta);
+        assert_eq!(&offloaded.payload[OFFLOAD_LEN..], b"packet");
+    }
+
+    #[test]
+    fn the_largest_packet_fits_with_its_metadata_and_no_more() {
+        let frame = |len| DataFrame {
+            hops: 0,
+            label: 0,
+            offload: Some([0; OFFLOAD_LEN]),
+            packet: Bytes::from(vec![0; len]),
+        };
+        let mut out = BytesMut::new();
+        FrameCodec
+            .encode(frame(MAX_PACKET), &mut out)
+            .expect("largest packet");
+        assert!(matches!(
+            FrameCodec.decode(&mut out),
+            Ok(Some(f)) if f.payload.len() == MAX_PAYLOAD
+        ));
+        assert!(matches!(
+            FrameCodec.encode(frame(MAX_PACKET + 1), &mut out),
+            Err(FrameError::Oversize { .. })
+        ));
     }
 
     #[test]

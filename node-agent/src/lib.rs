@@ -13,6 +13,7 @@ pub mod routing;
 pub mod sched;
 pub mod synth;
 
+pub mod alloc;
 pub mod conn;
 pub mod control;
 pub mod counters;
@@ -23,6 +24,7 @@ pub mod listener;
 pub mod maxmode;
 pub mod metrics;
 pub mod netns;
+pub mod offload;
 pub mod packet;
 pub mod processor;
 pub mod quic;

@@ -7,7 +7,8 @@
 
 use crate::conn::Conn;
 use crate::counters::LinkCounters;
-use crate::frame::{Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
+use crate::frame::{DataFrame, FLAG_OFFLOAD, Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
+use crate::offload::{self, Offload};
 use crate::packet::Packet;
 use crate::processor::Processors;
 use crate::quic;
@@ -352,20 +353,10 @@ impl LinkTask {
         let mut taken = 0;
         while let Some(packet) = next.take() {
             let now = self.now();
-            let meta = PacketMeta::from_ip(&packet.data);
-            let data = packet
-                .data
-                .try_into_mut()
-                .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
-            self.pipeline.enqueue(
-                Outbound {
-                    data,
-                    label: packet.label,
-                    hops: packet.hops,
-                },
-                meta,
-                now,
-            );
+            if let Err(e) = offer(&mut self.pipeline, packet, now) {
+                self.counters.count_drop();
+                tracing::debug!(link = %self.spec.name, error = %e, "offloaded packet dropped");
+            }
             taken += 1;
             if taken < INTAKE_BATCH {
                 next = self.queue.try_recv().ok();
@@ -379,28 +370,64 @@ impl LinkTask {
         let next = self.pipeline.poll_into(now, &mut self.ready);
         let sent = !self.ready.is_empty();
         for out in self.ready.drain(..) {
-            let len = out.data.len();
+            let (packets, bytes) = out.offload.wire_size(&out.data);
+            let offload = (!out.offload.is_finished()).then(|| out.offload.to_wire());
             writer
-                .feed(Frame {
-                    header: FrameHeader {
-                        kind: FrameKind::Data,
-                        hops: out.hops,
-                        flags: 0,
-                        label: out.label,
-                        payload_len: len as u32,
-                    },
-                    payload: out.data.freeze(),
+                .feed(DataFrame {
+                    hops: out.hops,
+                    label: out.label,
+                    offload,
+                    packet: out.data.freeze(),
                 })
                 .await
                 .map_err(|e| e.to_string())?;
-            self.counters.count_tx(len);
+            self.counters.count_tx(packets, bytes);
         }
         if sent {
-            writer.flush().await.map_err(|e| e.to_string())?;
+            SinkExt::<DataFrame>::flush(writer)
+                .await
+                .map_err(|e| e.to_string())?;
         }
         self.counters.record_pipeline(self.pipeline.stats());
         Ok(next)
     }
+}
+
+/// Puts one packet into the pipeline. A link that acts on single packets gets
+/// a super-packet as the MTU-sized packets a NIC would put on a wire, with
+/// finished checksums (offload.rs, DESIGN.md "TUN offloads"); one that cannot
+/// tell the difference gets it whole.
+fn offer(
+    pipeline: &mut Pipeline<Outbound>,
+    packet: Packet,
+    now: u64,
+) -> Result<(), offload::OffloadError> {
+    let data = packet
+        .data
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+    let (label, hops) = (packet.label, packet.hops);
+    if packet.offload.is_finished() || pipeline.passes_aggregates() {
+        let meta = PacketMeta::from_ip(&data);
+        let out = Outbound {
+            data,
+            label,
+            hops,
+            offload: packet.offload,
+        };
+        pipeline.enqueue(out, meta, now);
+        return Ok(());
+    }
+    offload::finish(data, packet.offload, &mut |data| {
+        let meta = PacketMeta::from_ip(&data);
+        let out = Outbound {
+            data,
+            label,
+            hops,
+            offload: Offload::default(),
+        };
+        pipeline.enqueue(out, meta, now);
+    })
 }
 
 /// Connects to the peer and sends the link handshake.
@@ -475,6 +502,8 @@ pub struct Outbound {
     pub data: BytesMut,
     pub label: u32,
     pub hops: u8,
+    /// Left undone by the sending kernel; only on links that pass super-packets.
+    pub offload: Offload,
 }
 
 impl Payload for Outbound {
@@ -527,12 +556,22 @@ async fn receive(mut reader: FramedRead<crate::conn::Reader, FrameCodec>, rx: Re
         };
         match frame.header.kind {
             FrameKind::Data => {
-                rx.counters.count_rx(frame.payload.len());
+                let (offload, data) = if frame.header.flags & FLAG_OFFLOAD != 0 {
+                    match Offload::split_wire(frame.payload) {
+                        Ok(split) => split,
+                        Err(e) => return format!("bad frame from peer of {}: {e}", rx.link),
+                    }
+                } else {
+                    (Offload::default(), frame.payload)
+                };
+                let (packets, bytes) = offload.wire_size(&data);
+                rx.counters.count_rx(packets, bytes);
                 rx.processors
                     .dispatch(Packet {
-                        data: frame.payload,
+                        data,
                         label: frame.header.label,
                         hops: frame.header.hops,
+                        offload,
                     })
                     .await;
             }
@@ -551,4 +590,104 @@ async fn receive(mut reader: FramedRead<crate::conn::Reader, FrameCodec>, rx: Re
         }
     }
     format!("peer of {} closed the connection", rx.link)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::offload::tests::{checksums_verify, tcp_offload, tcp_super};
+
+    const MTU: u32 = 1400;
+
+    /// 4000 bytes of TCP payload in one super-packet: three segments of 1348.
+    fn super_packet() -> Packet {
+        Packet {
+            data: tcp_super(&[5; 4000], 1, 0x18, 1).freeze(),
+            label: 3,
+            hops: 2,
+            offload: tcp_offload(1348),
+        }
+    }
+
+    /// What the pipeline lets out, far enough in the future for any delay.
+    fn offered(params: pb::LinkParams) -> Vec<Outbound> {
+        let mut pipeline = Pipeline::new(&params, MTU, 1).expect("valid parameters");
+        offer(&mut pipeline, super_packet(), 0).expect("a valid super-packet");
+        pipeline.poll(10_000_000_000).packets
+    }
+
+    #[test]
+    fn links_that_cannot_tell_take_a_super_packet_whole() {
+        for params in [
+            pb::LinkParams::default(),
+            pb::LinkParams {
+                delay_us: 10_000,
+                queue_packets: 2,
+                ..Default::default()
+            },
+        ] {
+            let out = offered(params.clone());
+            assert_eq!(out.len(), 1, "{params:?}");
+            assert!(out[0].offload.is_gso(), "still to be cut: {params:?}");
+            assert_eq!((out[0].label, out[0].hops), (3, 2));
+        }
+    }
+
+    #[test]
+    fn links_that_act_per_packet_get_finished_mtu_sized_packets() {
+        for params in [
+            pb::LinkParams {
+                rate_bps: 1_000_000_000,
+                ..Default::default()
+            },
+            pb::LinkParams {
+                jitter_us: 1,
+                delay_us: 10,
+                ..Default::default()
+            },
+            pb::LinkParams {
+                corrupt_ppm: 1,
+                ..Default::default()
+            },
+            pb::LinkParams {
+                reorder_ppm: 1,
+                delay_us: 10,
+                ..Default::default()
+            },
+        ] {
+            let out = offered(params.clone());
+            assert_eq!(out.len(), 3, "{params:?}");
+            for o in &out {
+                assert!(o.offload.is_finished(), "{params:?}");
+                assert!(o.data.len() as u32 <= MTU, "{} bytes", o.data.len());
+                assert!(checksums_verify(&o.data));
+                assert_eq!((o.label, o.hops), (3, 2));
+            }
+        }
+    }
+
+    #[test]
+    fn loss_and_queue_limits_count_segments_not_super_packets() {
+        // The first segment leaves at once on the bucket's burst, the second
+        // takes the one place in the queue, the third is a tail drop.
+        let params = pb::LinkParams {
+            rate_bps: 1_000_000,
+            queue_packets: 1,
+            ..Default::default()
+        };
+        let mut pipeline = Pipeline::new(&params, MTU, 1).expect("valid");
+        offer(&mut pipeline, super_packet(), 0).expect("valid");
+        let stats = pipeline.stats();
+        assert_eq!(stats.enqueued, 2);
+        assert_eq!(stats.drops.queue_full, 1);
+        // Certain loss drops every segment, one by one.
+        let lossy = pb::LinkParams {
+            loss_ppm: 1_000_000,
+            ..Default::default()
+        };
+        let mut pipeline = Pipeline::new(&lossy, MTU, 1).expect("valid");
+        offer(&mut pipeline, super_packet(), 0).expect("valid");
+        assert!(pipeline.poll(1).packets.is_empty());
+        assert_eq!(pipeline.stats().drops.loss, 3);
+    }
 }

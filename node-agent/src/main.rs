@@ -50,9 +50,14 @@ struct Args {
     /// started in (the host's, in local mode); the snapshot gives its settings.
     #[arg(long, value_name = "IP:PORT")]
     socks_listen: Vec<std::net::SocketAddr>,
+    /// Ask the kernel for TUN offloads (super-packets with virtio-net headers);
+    /// false moves packets one by one, as a baseline to compare with.
+    #[arg(long, env = "NEXTMINI_TUN_OFFLOAD", default_value_t = true, action = clap::ArgAction::Set)]
+    tun_offload: bool,
 }
 
 fn main() -> anyhow::Result<()> {
+    nextmini_agent::alloc::keep_freed_memory();
     let args = Args::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -98,7 +103,8 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone())
-            .with_socks_listeners(socks);
+            .with_socks_listeners(socks)
+            .with_tun_offload(args.tun_offload);
         if let Some(path) = args.metrics_socket {
             let registry = nextmini_agent::metrics::registry(
                 &args.topology,

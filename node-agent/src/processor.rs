@@ -9,10 +9,11 @@ use crate::counters::NodeCounters;
 use crate::flow::FlowKey;
 use crate::jump_hash::jump_consistent_hash;
 use crate::link::LinkHandle;
+use crate::offload;
 use crate::packet::Packet;
 use crate::routing::{Decision, RouteTable};
 use arc_swap::ArcSwap;
-use bytes::Bytes;
+use bytes::BytesMut;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc;
@@ -43,7 +44,7 @@ impl Mapping {
 #[derive(Clone)]
 pub struct Outputs {
     pub routes: Routes,
-    pub local: mpsc::Sender<Bytes>,
+    pub local: mpsc::Sender<Packet>,
     pub counters: Arc<NodeCounters>,
     /// The synthetic flows' stack, once the node has flows: local packets to
     /// its ports go there instead of to the TUN device.
@@ -132,10 +133,20 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
             if let Some(synth) = out.synth.get()
                 && crate::synth::claims(&key)
             {
-                synth.deliver(packet.data);
+                // The synthetic stack takes only packets as they would be on a wire.
+                let data = packet
+                    .data
+                    .try_into_mut()
+                    .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+                if let Err(e) =
+                    offload::finish(data, packet.offload, &mut |p| synth.deliver(p.freeze()))
+                {
+                    out.counters.malformed.fetch_add(1, Relaxed);
+                    tracing::debug!(error = %e, "offloaded packet dropped");
+                }
                 return true;
             }
-            return out.local.send(packet.data).await.is_ok();
+            return out.local.send(packet).await.is_ok();
         }
         Decision::Forward { link, label } => {
             if packet.hops >= MAX_HOPS {
@@ -143,9 +154,9 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
                 return true;
             }
             link.enqueue(Packet {
-                data: packet.data,
                 label,
                 hops: packet.hops + 1,
+                ..packet
             });
         }
         Decision::Drop(_) => {
@@ -158,6 +169,7 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bytes::Bytes;
     use nextmini_proto::v1 as pb;
     use std::collections::HashMap;
 
@@ -223,7 +235,7 @@ mod tests {
         let mut last: HashMap<u16, u32> = HashMap::new();
         let mut late = 0u32;
         for _ in 0..total {
-            let p = delivered.recv().await.expect("delivered");
+            let p = delivered.recv().await.expect("delivered").data;
             let flow = u16::from_be_bytes([p[20], p[21]]);
             let seq = u32::from_be_bytes([p[28], p[29], p[30], p[31]]);
             match last.get(&flow) {

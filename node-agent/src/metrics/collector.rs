@@ -241,6 +241,18 @@ impl Collector for DataplaneCollector {
         counters(
             e,
             &desc(
+                "nextmini_agent_tun_super_packets",
+                None,
+                "TUN reads (rx) and writes (tx) that carried a TCP or UDP super-packet whole, with offload on; each also counts as its segments in nextmini_agent_tun_packets",
+            ),
+            [
+                (vec![("direction", "rx")], get(&node.tun_rx_super)),
+                (vec![("direction", "tx")], get(&node.tun_tx_super)),
+            ],
+        )?;
+        counters(
+            e,
+            &desc(
                 "nextmini_agent_drops",
                 None,
                 "Packets dropped outside any link, by cause: no_route, hop_limit (a routing loop), malformed",

@@ -112,6 +112,21 @@ pub struct LinkConfig {
 }
 
 impl LinkConfig {
+    /// True when no stage can tell one 64 KiB burst of back-to-back packets from
+    /// one super-packet of the same bytes: the rate is unlimited (so no queue
+    /// ever builds, and limits and AQMs never act) and the only impairment is a
+    /// fixed delay, the same for every packet. Such a link may carry TUN
+    /// super-packets whole; any other link gets them cut into segments first.
+    pub fn passes_aggregates(&self) -> bool {
+        let i = &self.impairment;
+        self.shaper.rate_bps == 0
+            && i.jitter_ns == 0
+            && i.loss_ppm == 0
+            && i.reorder_ppm == 0
+            && i.duplicate_ppm == 0
+            && i.corrupt_ppm == 0
+    }
+
     pub fn from_params(params: &pb::LinkParams, mtu: u32) -> Result<LinkConfig, ConfigError> {
         if mtu == 0 {
             return Err(ConfigError::new("mtu", "must be above 0"));

@@ -458,6 +458,14 @@ impl<P> Pipeline<P> {
         &self.stats
     }
 
+    /// See [`LinkConfig::passes_aggregates`]; never for custom parts, whose
+    /// behaviour is unknown.
+    pub fn passes_aggregates(&self) -> bool {
+        self.applied
+            .as_ref()
+            .is_some_and(LinkConfig::passes_aggregates)
+    }
+
     pub fn queue_count(&self) -> usize {
         self.queues.len()
     }

@@ -11,6 +11,7 @@ use super::outbox::ResultOutbox;
 use super::stack::{Finished, FlowRef, Open, OpenError, Protocol, Received, Stack};
 use super::task::{SinkTask, SourceTask, Task};
 use super::workload::{Launch, Workload};
+use crate::offload::Offload;
 use crate::packet::Packet;
 use crate::processor::Processors;
 use bytes::Bytes;
@@ -223,6 +224,7 @@ impl Driver {
                         data: p.data,
                         label: p.label,
                         hops: 0,
+                        offload: Offload::default(),
                     })
                     .await;
                 // A poll can release thousands of packets at once. The first
