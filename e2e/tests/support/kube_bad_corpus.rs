@@ -1,0 +1,303 @@
+//! The bad-input corpus (operator/tests/corpus/bad, plus a generated 10 MB
+//! document) through the Kubernetes API, each file on its own in a scratch
+//! namespace. A file is refused by kubectl itself (not YAML, not UTF-8, no
+//! kind), by the API server (size limit, CRD schema, CEL), or, when the API
+//! accepts it, by the operator: `Planned=False` with a message naming the field.
+//! Either way no pod and no row may exist for it. A server-side dry run comes
+//! first, so a file the API refuses in part is never half applied.
+
+use nextmini_e2e::kube::Cluster;
+use nextmini_e2e::repo_path;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RefusedBy {
+    Kubectl,
+    ApiServer,
+    Operator,
+    /// Accepted and planned: not refused at all.
+    Nobody,
+}
+
+impl RefusedBy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RefusedBy::Kubectl => "kubectl",
+            RefusedBy::ApiServer => "API server",
+            RefusedBy::Operator => "operator (Planned=False)",
+            RefusedBy::Nobody => "NOBODY",
+        }
+    }
+}
+
+pub struct Verdict {
+    pub file: String,
+    pub field: String,
+    pub by: RefusedBy,
+    pub message: String,
+    pub names_field: bool,
+    /// Pods or rows that existed for the file.
+    pub created: Vec<String>,
+}
+
+fn corpus() -> Vec<PathBuf> {
+    let dir = repo_path("operator/tests/corpus/bad");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("corpus directory")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    files.sort();
+    files
+}
+
+fn expected_field(path: &Path) -> String {
+    let bytes = std::fs::read(path).expect("corpus file");
+    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
+    String::from_utf8_lossy(first)
+        .strip_prefix("# expect: ")
+        .unwrap_or_else(|| panic!("{} lacks its `# expect:` line", path.display()))
+        .trim()
+        .to_string()
+}
+
+/// A Topology of more than 10 MB, which the API server's request limit refuses.
+fn huge_document(dir: &Path) -> PathBuf {
+    let mut text = String::from(
+        "# expect: (document)\napiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: huge}\nspec:\n  nodes:\n",
+    );
+    let mut i = 0;
+    while text.len() < 10 * 1024 * 1024 {
+        text.push_str(&format!("    - name: node-{i}\n"));
+        i += 1;
+    }
+    let path = dir.join("082-ten-megabytes.yaml");
+    std::fs::write(&path, text).expect("huge manifest");
+    path
+}
+
+/// Whether `message` names `field`: the whole path, or for whole-document
+/// problems anything at all (there is no field to name).
+fn names(message: &str, field: &str) -> bool {
+    if field == "(document)" || field == "not UTF-8" {
+        return !message.trim().is_empty();
+    }
+    message.contains(field)
+}
+
+fn text(out: &std::process::Output) -> String {
+    let mut s = String::from_utf8_lossy(&out.stderr).trim().to_string();
+    if s.is_empty() {
+        s = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    }
+    s
+}
+
+fn one_line(s: &str) -> String {
+    let s: String = s.split_whitespace().collect::<Vec<_>>().join(" ");
+    if s.len() > 220 {
+        format!("{}…", &s[..s.floor_char_boundary(220)])
+    } else {
+        s
+    }
+}
+
+/// Topology names that a corpus file's objects belong to (by the
+/// `nextmini.io/topology` of Links and Flows, or their own name).
+fn topologies_in(c: &Cluster, ns: &str) -> Vec<String> {
+    let out = c.kubectl_in(
+        ns,
+        &[
+            "get",
+            "topologies",
+            "-o",
+            "jsonpath={range .items[*]}{.metadata.name}{\"\\n\"}{end}",
+        ],
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| !l.is_empty())
+        .collect()
+}
+
+/// The Planned condition of a topology: (status, message), once the operator set it.
+fn planned(c: &Cluster, ns: &str, topology: &str) -> Option<(String, String)> {
+    let out = c.kubectl_in(
+        ns,
+        &[
+            "get",
+            "topology",
+            topology,
+            "-o",
+            r#"jsonpath={.status.conditions[?(@.type=="Planned")].status}|{.status.conditions[?(@.type=="Planned")].message}"#,
+        ],
+    );
+    let s = String::from_utf8_lossy(&out.stdout).to_string();
+    let (status, message) = s.split_once('|')?;
+    (!status.is_empty()).then(|| (status.to_string(), message.to_string()))
+}
+
+/// What exists for the file beyond its own objects: pods, and rows in the store.
+fn created(c: &Cluster, ns: &str, topologies: &[String]) -> Vec<String> {
+    let mut found = Vec::new();
+    let pods = c.kubectl_in(ns, &["get", "pods", "-o", "name"]);
+    for p in String::from_utf8_lossy(&pods.stdout).lines() {
+        found.push(p.to_string());
+    }
+    for t in topologies {
+        let rows = c.psql(&format!(
+            "SELECT count(*) FROM topologies WHERE name = '{}'",
+            t.replace('\'', "''")
+        ));
+        if rows != "0" {
+            found.push(format!("row of topology {t}"));
+        }
+    }
+    found
+}
+
+fn line3_ready(c: &Cluster) -> bool {
+    c.kubectl(&[
+        "get",
+        "topology",
+        "line3",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="Ready")].status}"#,
+    ])
+    .stdout
+        == b"True"
+}
+
+/// Sends every file through the API in namespace `ns` (created and removed
+/// here), checking after each that line3 in the suite's namespace stays Ready.
+pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
+    let scratch = std::env::temp_dir().join(format!("nextmini-kube-corpus-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch dir");
+    let mut files = corpus();
+    assert!(files.len() >= 60, "the corpus has {} files", files.len());
+    files.push(huge_document(&scratch));
+    let made = c.kubectl_in(ns, &["create", "namespace", ns]);
+    assert!(made.status.success(), "{}", text(&made));
+    let mut verdicts = Vec::new();
+    for path in &files {
+        let file = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        let field = expected_field(path);
+        let p = path.to_str().expect("UTF-8 path");
+        let dry = c.kubectl_in(ns, &["apply", "--dry-run=server", "-f", p]);
+        let (by, message) = if !dry.status.success() {
+            let m = text(&dry);
+            let by = if m.contains("Error from server") || m.contains("is invalid") {
+                RefusedBy::ApiServer
+            } else {
+                RefusedBy::Kubectl
+            };
+            (by, m)
+        } else {
+            let applied = c.kubectl_in(ns, &["apply", "-f", p]);
+            if !applied.status.success() {
+                (RefusedBy::ApiServer, text(&applied))
+            } else {
+                // The operator's verdict on each Topology of the file.
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut verdict = None;
+                while verdict.is_none() && Instant::now() < deadline {
+                    let ts = topologies_in(c, ns);
+                    let seen: Vec<(String, String)> =
+                        ts.iter().filter_map(|t| planned(c, ns, t)).collect();
+                    if !ts.is_empty() && seen.len() == ts.len() {
+                        verdict = Some(seen);
+                    } else {
+                        std::thread::sleep(Duration::from_millis(200));
+                    }
+                }
+                match verdict {
+                    Some(seen) if seen.iter().any(|(s, _)| s == "False") => {
+                        let m = seen
+                            .iter()
+                            .filter(|(s, _)| s == "False")
+                            .map(|(_, m)| m.as_str())
+                            .collect::<Vec<_>>()
+                            .join("; ");
+                        (RefusedBy::Operator, m)
+                    }
+                    Some(seen) => (
+                        RefusedBy::Nobody,
+                        format!(
+                            "planned: {}",
+                            seen.iter()
+                                .map(|(_, m)| m.as_str())
+                                .collect::<Vec<_>>()
+                                .join("; ")
+                        ),
+                    ),
+                    None => (
+                        RefusedBy::Nobody,
+                        "no Planned condition within 30 s".to_string(),
+                    ),
+                }
+            }
+        };
+        let topologies = topologies_in(c, ns);
+        let mut leftovers = created(c, ns, &topologies);
+        if by == RefusedBy::Nobody {
+            // Accepted files may have started pods: give them their moment to
+            // show, so the table says so.
+            std::thread::sleep(Duration::from_secs(2));
+            leftovers = created(c, ns, &topologies);
+        }
+        let _ = c.kubectl_in(
+            ns,
+            &[
+                "delete",
+                "topologies,links,flows",
+                "--all",
+                "--wait=true",
+                "--timeout=60s",
+            ],
+        );
+        assert!(
+            line3_ready(c),
+            "line3 stopped being Ready while {file} was being refused"
+        );
+        verdicts.push(Verdict {
+            names_field: names(&message, &field),
+            file,
+            field,
+            by,
+            message: one_line(&message),
+            created: leftovers,
+        });
+    }
+    let _ = c.kubectl_in(ns, &["delete", "namespace", ns, "--timeout=120s"]);
+    let _ = std::fs::remove_dir_all(&scratch);
+    verdicts
+}
+
+/// The Markdown table of how each file was refused.
+pub fn table(verdicts: &[Verdict]) -> String {
+    let mut out = String::from(
+        "| file | field | refused by | names the field | created | message |\n|---|---|---|---|---|---|\n",
+    );
+    for v in verdicts {
+        out.push_str(&format!(
+            "| {} | `{}` | {} | {} | {} | {} |\n",
+            v.file,
+            v.field,
+            v.by.as_str(),
+            if v.names_field { "yes" } else { "NO" },
+            if v.created.is_empty() {
+                "nothing".to_string()
+            } else {
+                v.created.join(", ")
+            },
+            v.message.replace('|', "\\|"),
+        ));
+    }
+    out
+}
