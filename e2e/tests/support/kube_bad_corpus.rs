@@ -77,13 +77,33 @@ fn huge_document(dir: &Path) -> PathBuf {
     path
 }
 
-/// Whether `message` names `field`: the whole path, or for whole-document
-/// problems anything at all (there is no field to name).
+/// Whether `message` names `field`: the whole path; or an enclosing object's
+/// path and the field's own name (a CEL rule on `spec.queue.aqm.red` saying
+/// `min` must be below `max`); or for whole-document problems anything at all
+/// (there is no field to name).
 fn names(message: &str, field: &str) -> bool {
     if field == "(document)" || field == "not UTF-8" {
         return !message.trim().is_empty();
     }
-    message.contains(field)
+    if message.contains(field) {
+        return true;
+    }
+    let leaf = field
+        .rsplit('.')
+        .next()
+        .unwrap_or(field)
+        .split('[')
+        .next()
+        .unwrap_or_default();
+    let mut path = field;
+    while let Some(cut) = path.rfind(['.', '[']) {
+        path = &path[..cut];
+        if path.contains('.') && message.contains(path) && message.contains(leaf) {
+            return true;
+        }
+    }
+    // Top-level fields (kind, metadata, spec) are named by themselves.
+    !field.contains('.') && message.contains(leaf)
 }
 
 fn text(out: &std::process::Output) -> String {
