@@ -16,6 +16,9 @@ pub enum RefusedBy {
     Kubectl,
     ApiServer,
     Operator,
+    /// Not sent: the file holds one object twice, which to the API is an object
+    /// and its update (a file is no unit there), so there is nothing to refuse.
+    NotApplicable,
     /// Accepted and planned: not refused at all.
     Nobody,
 }
@@ -26,6 +29,7 @@ impl RefusedBy {
             RefusedBy::Kubectl => "kubectl",
             RefusedBy::ApiServer => "API server",
             RefusedBy::Operator => "operator (Planned=False)",
+            RefusedBy::NotApplicable => "not sent: same object twice in one file",
             RefusedBy::Nobody => "NOBODY",
         }
     }
@@ -60,6 +64,39 @@ fn expected_field(path: &Path) -> String {
         .unwrap_or_else(|| panic!("{} lacks its `# expect:` line", path.display()))
         .trim()
         .to_string()
+}
+
+/// (kind, name) pairs that occur more than once among a file's documents.
+fn duplicate_objects(path: &Path) -> Vec<String> {
+    let text = String::from_utf8_lossy(&std::fs::read(path).expect("corpus file")).to_string();
+    let mut seen = std::collections::BTreeMap::<(String, String), usize>::new();
+    for doc in text.split("\n---") {
+        let kind = doc
+            .lines()
+            .find_map(|l| l.strip_prefix("kind:"))
+            .map(|k| k.trim().to_string());
+        let mut in_metadata = false;
+        let mut name = None;
+        for l in doc.lines() {
+            if let Some(rest) = l.strip_prefix("metadata:") {
+                in_metadata = true;
+                if let Some(n) = rest.trim().strip_prefix("{name:") {
+                    name = Some(n.trim_end_matches('}').trim().to_string());
+                }
+            } else if in_metadata && l.starts_with("  name:") {
+                name = l.split_once(':').map(|(_, n)| n.trim().to_string());
+            } else if !l.starts_with(' ') {
+                in_metadata = false;
+            }
+        }
+        if let (Some(k), Some(n)) = (kind, name) {
+            *seen.entry((k, n)).or_default() += 1;
+        }
+    }
+    seen.into_iter()
+        .filter(|(_, n)| *n > 1)
+        .map(|((k, n), _)| format!("{k} {n}"))
+        .collect()
 }
 
 /// A Topology of more than 10 MB, which the API server's request limit refuses.
@@ -209,6 +246,21 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
             .to_string();
         let field = expected_field(path);
         let p = path.to_str().expect("UTF-8 path");
+        let twice = duplicate_objects(path);
+        if !twice.is_empty() {
+            verdicts.push(Verdict {
+                names_field: true,
+                message: format!(
+                    "{} twice: kubectl would apply the second over the first",
+                    twice.join(", ")
+                ),
+                file,
+                field,
+                by: RefusedBy::NotApplicable,
+                created: Vec::new(),
+            });
+            continue;
+        }
         let dry = c.kubectl_in(ns, &["apply", "--dry-run=server", "-f", p]);
         let (by, message) = if !dry.status.success() {
             let m = text(&dry);
