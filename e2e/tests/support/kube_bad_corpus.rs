@@ -4,7 +4,10 @@
 //! kind), by the API server (size limit, CRD schema, CEL), or, when the API
 //! accepts it, by the operator: `Planned=False` with a message naming the field.
 //! Either way no pod and no row may exist for it. A server-side dry run comes
-//! first, so a file the API refuses in part is never half applied.
+//! first, so a file the API refuses in part is never half applied. kubectl
+//! applies a file's documents one at a time, so each file is sent with its
+//! Links and Flows before its Topology (documents unchanged): the operator then
+//! judges the whole, where the Topology first would run alone for a moment.
 
 use nextmini_e2e::kube::Cluster;
 use nextmini_e2e::repo_path;
@@ -99,6 +102,75 @@ fn duplicate_objects(path: &Path) -> Vec<String> {
         .collect()
 }
 
+/// The file with its Topology documents moved to the end (each document
+/// unchanged); a single document is returned as it is.
+fn topology_last(path: &Path, scratch: &Path) -> PathBuf {
+    let bytes = std::fs::read(path).expect("corpus file");
+    let sep = b"\n---\n";
+    let mut docs: Vec<&[u8]> = Vec::new();
+    let mut rest: &[u8] = &bytes;
+    while let Some(i) = rest.windows(sep.len()).position(|w| w == sep) {
+        docs.push(&rest[..i]);
+        rest = &rest[i + sep.len()..];
+    }
+    docs.push(rest);
+    if docs.len() < 2 {
+        return path.to_path_buf();
+    }
+    let is_topology = |d: &&[u8]| {
+        d.windows(b"kind: Topology".len())
+            .any(|w| w == b"kind: Topology")
+    };
+    let (topologies, others): (Vec<&[u8]>, Vec<&[u8]>) = docs.into_iter().partition(is_topology);
+    let mut out = Vec::new();
+    for (i, d) in others.into_iter().chain(topologies).enumerate() {
+        if i > 0 {
+            out.extend_from_slice(sep);
+        }
+        out.extend_from_slice(d);
+    }
+    out.push(b'\n');
+    let reordered = scratch.join(path.file_name().expect("name"));
+    std::fs::write(&reordered, out).expect("reordered file");
+    reordered
+}
+
+/// Waits until the scratch namespace holds nothing of the last file: no
+/// Nextmini object, no pod, no row of its topologies.
+fn wait_empty(c: &Cluster, ns: &str, topologies: &[String]) {
+    c.wait_for(
+        "the scratch namespace to be empty",
+        Duration::from_secs(120),
+        || {
+            let objects = c.kubectl_in(ns, &["get", "topologies,links,flows,pods", "-o", "name"]);
+            objects.status.success()
+                && objects.stdout.iter().all(u8::is_ascii_whitespace)
+                && created(c, ns, topologies).is_empty()
+        },
+    );
+}
+
+/// The operator's log lines of the last minute that mention `topology`.
+fn operator_log(c: &Cluster, topology: &str) -> String {
+    let out = c.kubectl(&[
+        "logs",
+        &format!("deploy/{}-operator", c.release),
+        "--since=60s",
+    ]);
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| {
+            l.contains(&format!("\"{topology}\""))
+                || l.contains(&format!("topology={topology}"))
+                || l.contains("WARN")
+                || l.contains("ERROR")
+        })
+        .rev()
+        .take(5)
+        .collect::<Vec<_>>()
+        .join(" / ")
+}
+
 /// A Topology of more than 10 MB, which the API server's request limit refuses.
 fn huge_document(dir: &Path) -> PathBuf {
     let mut text = String::from(
@@ -118,9 +190,17 @@ fn huge_document(dir: &Path) -> PathBuf {
 /// path and the field's own name (a CEL rule on `spec.queue.aqm.red` saying
 /// `min` must be below `max`); or for whole-document problems anything at all
 /// (there is no field to name).
-fn names(message: &str, field: &str) -> bool {
+fn names(message: &str, field: &str, by: RefusedBy) -> bool {
     if field == "(document)" || field == "not UTF-8" {
         return !message.trim().is_empty();
+    }
+    // kubectl's own errors speak of the field in words, not paths.
+    if by == RefusedBy::Kubectl {
+        let lower = message.to_lowercase();
+        let leaf = field.rsplit('.').next().unwrap_or(field).to_lowercase();
+        return lower.contains(&leaf)
+            || (leaf == "apiversion" && lower.contains("in version"))
+            || (leaf == "name" && lower.contains("name may not be empty"));
     }
     if message.contains(field) {
         return true;
@@ -245,8 +325,9 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
             .to_string_lossy()
             .to_string();
         let field = expected_field(path);
-        let p = path.to_str().expect("UTF-8 path");
         let twice = duplicate_objects(path);
+        let sent = topology_last(path, &scratch);
+        let p = sent.to_str().expect("UTF-8 path");
         if !twice.is_empty() {
             verdicts.push(Verdict {
                 names_field: true,
@@ -310,19 +391,20 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
                     ),
                     None => (
                         RefusedBy::Nobody,
-                        "no Planned condition within 30 s".to_string(),
+                        format!(
+                            "no Planned condition within 30 s; operator: {}",
+                            operator_log(c, "t")
+                        ),
                     ),
                 }
             }
         };
         let topologies = topologies_in(c, ns);
-        let mut leftovers = created(c, ns, &topologies);
-        if by == RefusedBy::Nobody {
-            // Accepted files may have started pods: give them their moment to
-            // show, so the table says so.
-            std::thread::sleep(Duration::from_secs(2));
-            leftovers = created(c, ns, &topologies);
+        if by != RefusedBy::Kubectl {
+            // A plan stored by mistake would show its pods within a moment.
+            std::thread::sleep(Duration::from_secs(1));
         }
+        let leftovers = created(c, ns, &topologies);
         let _ = c.kubectl_in(
             ns,
             &[
@@ -333,12 +415,13 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
                 "--timeout=60s",
             ],
         );
+        wait_empty(c, ns, &topologies);
         assert!(
             line3_ready(c),
             "line3 stopped being Ready while {file} was being refused"
         );
         verdicts.push(Verdict {
-            names_field: names(&message, &field),
+            names_field: names(&message, &field, by),
             file,
             field,
             by,
