@@ -4,8 +4,10 @@ CARGO ?= cargo
 PROFILE ?= release
 BIN := target/$(PROFILE)/nextmini
 EXAMPLE ?= manifests/examples/line3.yaml
+# Seconds per fuzz target in `make test`'s smoke stage.
+FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: setup build run demo test test-kube lint unit e2e crds down clean fuzz bench
+.PHONY: setup build run demo test test-kube lint unit e2e crds down clean fuzz bench bench-load
 
 setup:
 	@scripts/setup.sh
@@ -18,8 +20,9 @@ run: build
 	@scripts/demo.sh $(BIN) $(EXAMPLE)
 
 # Everything CI runs: formatting, lints, unit and end-to-end tests in local
-# namespace mode, the Python package, then the operator on a real Kubernetes
-# cluster built from source (cached in /var/cache/nextmini/k8s). The e2e suites
+# namespace mode, the Python package, a short fuzz run of every cargo-fuzz target
+# (FUZZ_SMOKE_SECONDS each), then the operator on a real Kubernetes cluster built
+# from source (cached in /var/cache/nextmini/k8s). The e2e suites
 # drive release binaries: link fidelity is measured at the speeds users get.
 # Every stage runs even when an earlier one failed; the exit status says
 # whether all passed.
@@ -28,6 +31,7 @@ test: setup lint cluster-build
 	@status=0; \
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1 || status=1; \
 	NEXTMINI_BIN=$(CURDIR)/target/release/nextmini python3 -m pytest -q python/tests || status=1; \
+	FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) fuzz/smoke.sh || status=1; \
 	$(MAKE) --no-print-directory test-kube || status=1; \
 	if [ $$status -ne 0 ]; then echo "make test: some stage failed (see above)"; fi; \
 	exit $$status
@@ -62,6 +66,14 @@ e2e: setup
 bench: setup
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BENCH=1 NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture
+	$(MAKE) --no-print-directory bench-load
+
+# Control-plane load (RELIABILITY.md): 1,000 agents reporting every 100 ms to one
+# hub for 5 minutes (about 7 min in all). LOAD_ARGS: agents, seconds, interval in ms.
+LOAD_ARGS ?= 1000 300 100
+bench-load: setup
+	$(CARGO) build --workspace --release --bins
+	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --release -p nextmini-e2e --example control_load -- $(LOAD_ARGS)
 
 # Fuzz smoke run: builds the cargo-fuzz targets (nightly, or stable with
 # RUSTC_BOOTSTRAP=1) and runs each for FUZZ_SECONDS (default 20). See fuzz/README.md.

@@ -62,5 +62,11 @@ if ! have cargo; then
   echo "setup: no Rust toolchain (cargo) found; install one with rustup (Rust >= 1.90)" >&2
   exit 1
 fi
+# The fuzz targets' smoke run (fuzz/smoke.sh, a stage of `make test`) needs cargo-fuzz;
+# it builds with nightly when rustup has it, else with stable and RUSTC_BOOTSTRAP=1.
+if ! cargo fuzz --version >/dev/null 2>&1; then
+  echo "setup: installing cargo-fuzz (about 2 minutes, once)"
+  cargo install --locked --quiet cargo-fuzz
+fi
 [ -e /dev/net/tun ] || { echo "setup: /dev/net/tun is missing (modprobe tun)" >&2; exit 1; }
 echo "setup: ok"

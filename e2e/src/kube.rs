@@ -69,6 +69,13 @@ impl Cluster {
         self.run(&self.kubectl, &all, None)
     }
 
+    /// `kubectl <args>` in another namespace.
+    pub fn kubectl_in(&self, namespace: &str, args: &[&str]) -> Output {
+        let mut all = vec!["-n", namespace];
+        all.extend_from_slice(args);
+        self.run(&self.kubectl, &all, None)
+    }
+
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
         let mut all = vec!["-n", &self.namespace];
         all.extend_from_slice(args);

@@ -4,6 +4,7 @@
 //! tears everything down, also when a test fails.
 
 pub mod kube;
+pub mod load;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

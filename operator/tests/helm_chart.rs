@@ -1047,6 +1047,90 @@ fn options_render_as_documented() {
     );
 }
 
+/// The chart's one NetworkPolicy, the one in front of PostgreSQL.
+fn postgresql_policy(docs: &[Value]) -> &Value {
+    let policies = all_of(docs, "NetworkPolicy");
+    assert_eq!(policies.len(), 1, "one NetworkPolicy: {policies:?}");
+    find(docs, "NetworkPolicy", "nextmini-postgresql")
+}
+
+#[test]
+fn network_policy_admits_only_the_operator_to_postgresql() {
+    // On by default (issue 9, point 5: PostgreSQL is never reachable from agents).
+    let docs = render(&[]);
+    let policy = postgresql_policy(&docs);
+    let spec = &policy["spec"];
+    let sts = find(&docs, "StatefulSet", "nextmini-postgresql");
+    let db_pod = labels(&sts["spec"]["template"]["metadata"]["labels"]);
+    let selected = labels(&spec["podSelector"]["matchLabels"]);
+    assert!(
+        !selected.is_empty() && selected.iter().all(|(k, v)| db_pod.get(k) == Some(v)),
+        "the policy selects the PostgreSQL pod: {selected:?} vs {db_pod:?}"
+    );
+    let types: Vec<&str> = seq(&spec["policyTypes"], "policyTypes")
+        .iter()
+        .map(|t| t.as_str().expect("a policy type"))
+        .collect();
+    assert_eq!(types, ["Ingress"], "ingress is restricted");
+    let rules = seq(&spec["ingress"], "ingress");
+    assert_eq!(rules.len(), 1, "one ingress rule: {rules:?}");
+    let from = seq(&rules[0]["from"], "from");
+    assert_eq!(from.len(), 1, "one peer, the operator: {from:?}");
+    assert!(
+        from[0].get("namespaceSelector").is_none() && from[0].get("ipBlock").is_none(),
+        "pods of the release namespace only: {from:?}"
+    );
+    let peer = labels(&from[0]["podSelector"]["matchLabels"]);
+    let operator = labels(&operator_deployment(&docs)["spec"]["template"]["metadata"]["labels"]);
+    assert!(
+        !peer.is_empty() && peer.iter().all(|(k, v)| operator.get(k) == Some(v)),
+        "the peer selects the operator pod: {peer:?} vs {operator:?}"
+    );
+    assert_eq!(
+        peer.get("app.kubernetes.io/component").map(String::as_str),
+        Some("operator"),
+        "the peer names the operator component, not every pod of the release"
+    );
+    // Agent pods (controller/build.rs) are `app.kubernetes.io/name: nextmini-agent`; the
+    // PostgreSQL pod itself is no operator either.
+    assert_ne!(
+        peer.get("app.kubernetes.io/name").map(String::as_str),
+        Some("nextmini-agent")
+    );
+    assert!(!peer.iter().all(|(k, v)| db_pod.get(k) == Some(v)));
+    let ports = seq(&rules[0]["ports"], "ports");
+    assert_eq!(ports.len(), 1);
+    let db_port = &sts["spec"]["template"]["spec"]["containers"][0]["ports"][0];
+    assert_eq!(
+        ports[0]["port"].as_str(),
+        db_port["name"].as_str(),
+        "the database port only"
+    );
+    assert_eq!(ports[0]["protocol"].as_str(), Some("TCP"));
+
+    // More peers when asked for (Grafana's PostgreSQL data source).
+    let docs = render(&[
+        "--set",
+        "networkPolicy.extraIngressFrom[0].podSelector.matchLabels.app=grafana",
+    ]);
+    let from = seq(
+        &postgresql_policy(&docs)["spec"]["ingress"][0]["from"],
+        "from",
+    );
+    assert_eq!(from.len(), 2);
+    assert_eq!(
+        from[1]["podSelector"]["matchLabels"]["app"].as_str(),
+        Some("grafana")
+    );
+
+    // Off, or nothing to protect with an external database.
+    let docs = render(&["--set", "networkPolicy.enabled=false"]);
+    assert!(all_of(&docs, "NetworkPolicy").is_empty());
+    let url = format!("externalDatabase.url={EXTERNAL_URL}");
+    let docs = render(&["--set", "postgresql.enabled=false", "--set", &url]);
+    assert!(all_of(&docs, "NetworkPolicy").is_empty());
+}
+
 #[test]
 fn bad_values_fail_naming_the_value() {
     let cases: &[(&[&str], &[&str])] = &[
@@ -1089,6 +1173,14 @@ fn bad_values_fail_naming_the_value() {
         (
             &["--set", "serviceAccount.create=false"],
             &["serviceAccount.name"],
+        ),
+        (
+            &["--set-string", "networkPolicy.enabled=yes"],
+            &["networkPolicy", "enabled"],
+        ),
+        (
+            &["--set", "networkPolicy.extraIngressFrom[0].pods=all"],
+            &["extraIngressFrom"],
         ),
     ];
     let mut problems = Vec::new();

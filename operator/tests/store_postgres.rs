@@ -210,6 +210,78 @@ async fn counters_upsert_in_batches_and_everything_goes_with_the_topology() {
     assert!(!store.delete_topology("line3").await.expect("delete again"));
 }
 
+async fn topology_id(store: &Store, name: &str) -> i64 {
+    sqlx::query_scalar("SELECT id FROM topologies WHERE name = $1")
+        .bind(name)
+        .fetch_one(store.pool())
+        .await
+        .expect("topology id")
+}
+
+/// Regression: a history batch holding rows of a topology deleted after they were
+/// reported failed its foreign key at every retry, so the hub kept no samples of any
+/// topology until the bounded buffer had pushed those rows out.
+#[tokio::test]
+async fn a_deleted_topologys_rows_do_not_poison_a_metrics_batch() {
+    let db = start_db("poison");
+    let store = Store::connect(&db.pg.url()).await.expect("connect");
+    let live = line3();
+    store
+        .apply_plan(&live, "netns", "source", &hashes(&live))
+        .await
+        .expect("apply line3");
+    let gone = shaped();
+    store
+        .apply_plan(&gone, "netns", "source", &hashes(&gone))
+        .await
+        .expect("apply shaped");
+    let live_id = topology_id(&store, &live.topology).await;
+    let gone_id = topology_id(&store, &gone.topology).await;
+    let row = |topology_id: i64, tx: u64| CounterRow {
+        topology_id,
+        node: "a".into(),
+        link: "a-b".into(),
+        connected: true,
+        tx_bytes: tx,
+        at: chrono::Utc::now(),
+        ..Default::default()
+    };
+    assert!(store.delete_topology(&gone.topology).await.expect("delete"));
+    let batch = [
+        row(live_id, 1),
+        row(gone_id, 2),
+        row(live_id, 3),
+        row(gone_id, 4),
+    ];
+    let left_out = store
+        .record_metrics(&batch)
+        .await
+        .expect("the batch is stored");
+    assert_eq!(
+        left_out, 2,
+        "the deleted topology's rows are left out and counted"
+    );
+    let stored: Vec<i64> = sqlx::query_scalar(
+        "SELECT tx_bytes FROM link_metrics WHERE topology_id = $1 ORDER BY tx_bytes",
+    )
+    .bind(live_id)
+    .fetch_all(store.pool())
+    .await
+    .expect("history");
+    assert_eq!(
+        stored,
+        [1, 3],
+        "the live topology's samples are stored once"
+    );
+    assert_eq!(
+        store
+            .record_metrics(&[row(live_id, 5)])
+            .await
+            .expect("next batch"),
+        0
+    );
+}
+
 #[tokio::test]
 async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
     let db = start_db("params");

@@ -1,5 +1,6 @@
 //! The hub's own metrics: agents connected, control-delta and database-write
-//! latency, reports received, reconciles, and scrapes of local agents that failed.
+//! latency, reports received, rows written and every row or message dropped (with
+//! its reason), reconciles, and scrapes of local agents that failed.
 
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet};
@@ -73,6 +74,55 @@ struct ReasonLabel {
     reason: String,
 }
 
+/// Why the hub let counter rows go unwritten. Every row it receives is written,
+/// or counted under one of these.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowDrop {
+    /// PostgreSQL was unreachable for longer than the bounded buffer covers;
+    /// the oldest samples went.
+    DbBacklog,
+    /// Their topology was deleted between the report and the write.
+    TopologyDeleted,
+    /// The writer task had stopped (the hub is shutting down).
+    WriterStopped,
+}
+
+impl RowDrop {
+    pub const ALL: [RowDrop; 3] = [
+        RowDrop::DbBacklog,
+        RowDrop::TopologyDeleted,
+        RowDrop::WriterStopped,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowDrop::DbBacklog => "db_backlog",
+            RowDrop::TopologyDeleted => "topology_deleted",
+            RowDrop::WriterStopped => "writer_stopped",
+        }
+    }
+}
+
+/// Why a message to an agent was not queued on its session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MessageDrop {
+    /// The session's queue was full (the agent reads slower than changes come).
+    QueueFull,
+    /// The stream had ended.
+    Closed,
+}
+
+impl MessageDrop {
+    pub const ALL: [MessageDrop; 2] = [MessageDrop::QueueFull, MessageDrop::Closed];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            MessageDrop::QueueFull => "queue_full",
+            MessageDrop::Closed => "closed",
+        }
+    }
+}
+
 /// 1 ms to about 65 s, doubling.
 fn latency_buckets() -> impl Iterator<Item = f64> {
     exponential_buckets(0.001, 2.0, 17)
@@ -88,6 +138,9 @@ pub struct HubMetrics {
     reconcile_duration: Family<ResultLabel, Histogram>,
     scrape_errors: Counter,
     refused: Family<ReasonLabel, Counter>,
+    rows_written: Counter,
+    rows_dropped: Family<ReasonLabel, Counter>,
+    messages_dropped: Family<ReasonLabel, Counter>,
 }
 
 impl std::fmt::Debug for HubMetrics {
@@ -155,6 +208,36 @@ impl HubMetrics {
             "Control connections or sessions the hub refused, by reason (TLS, identity, credential)",
             refused.clone(),
         );
+        let rows_written = Counter::default();
+        registry.register(
+            "nextmini_hub_counter_rows_written",
+            "Link counter rows (one per link per agent report) written to the metrics history",
+            rows_written.clone(),
+        );
+        let rows_dropped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "nextmini_hub_counter_rows_dropped",
+            "Link counter rows received but not written, by reason: db_backlog (PostgreSQL \
+             unreachable longer than the buffer covers), topology_deleted, writer_stopped",
+            rows_dropped.clone(),
+        );
+        let messages_dropped = Family::<ReasonLabel, Counter>::default();
+        registry.register(
+            "nextmini_hub_control_messages_dropped",
+            "Messages to agents (snapshots, deltas, flow notices) not queued on their session, \
+             by reason: queue_full or closed",
+            messages_dropped.clone(),
+        );
+        for r in RowDrop::ALL {
+            drop(rows_dropped.get_or_create(&ReasonLabel {
+                reason: r.as_str().into(),
+            }));
+        }
+        for r in MessageDrop::ALL {
+            drop(messages_dropped.get_or_create(&ReasonLabel {
+                reason: r.as_str().into(),
+            }));
+        }
         // Both results exist from the start, so a rate over them is never "no data".
         for r in [ReconcileResult::Applied, ReconcileResult::Failed] {
             drop(reconciles.get_or_create(&ResultLabel {
@@ -171,6 +254,9 @@ impl HubMetrics {
             reconcile_duration,
             scrape_errors,
             refused,
+            rows_written,
+            rows_dropped,
+            messages_dropped,
         }
     }
 
@@ -206,6 +292,26 @@ impl HubMetrics {
 
     pub fn scrape_failed(&self) {
         self.scrape_errors.inc();
+    }
+
+    pub fn counter_rows_written(&self, rows: usize) {
+        self.rows_written.inc_by(rows as u64);
+    }
+
+    pub fn counter_rows_dropped(&self, reason: RowDrop, rows: usize) {
+        self.rows_dropped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc_by(rows as u64);
+    }
+
+    pub fn control_message_dropped(&self, reason: MessageDrop) {
+        self.messages_dropped
+            .get_or_create(&ReasonLabel {
+                reason: reason.as_str().into(),
+            })
+            .inc();
     }
 
     /// Replaces the per-topology counts of connected agents. Topologies the
@@ -256,6 +362,9 @@ mod tests {
         m.report_received();
         m.reconciled(ReconcileResult::Applied, Duration::from_secs(2));
         m.scrape_failed();
+        m.counter_rows_written(40);
+        m.counter_rows_dropped(RowDrop::DbBacklog, 7);
+        m.control_message_dropped(MessageDrop::QueueFull);
         m.set_connected_agents(BTreeMap::from([("line3".to_string(), 3)]));
         let text = m.encode().expect("encodes");
         for line in [
@@ -267,6 +376,12 @@ mod tests {
             "nextmini_hub_reconciles_total{result=\"failed\"} 0",
             "nextmini_hub_reconcile_duration_seconds_count{result=\"applied\"} 1",
             "nextmini_hub_scrape_errors_total 1",
+            "nextmini_hub_counter_rows_written_total 40",
+            "nextmini_hub_counter_rows_dropped_total{reason=\"db_backlog\"} 7",
+            "nextmini_hub_counter_rows_dropped_total{reason=\"topology_deleted\"} 0",
+            "nextmini_hub_counter_rows_dropped_total{reason=\"writer_stopped\"} 0",
+            "nextmini_hub_control_messages_dropped_total{reason=\"queue_full\"} 1",
+            "nextmini_hub_control_messages_dropped_total{reason=\"closed\"} 0",
         ] {
             assert!(text.contains(line), "missing {line:?} in:\n{text}");
         }

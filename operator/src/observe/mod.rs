@@ -15,7 +15,7 @@ pub mod reconcile;
 pub mod sockets;
 pub mod targets;
 
-pub use hub_metrics::{HubMetrics, ReconcileResult, Refusal};
+pub use hub_metrics::{HubMetrics, MessageDrop, ReconcileResult, Refusal, RowDrop};
 
 /// Where the hub serves metrics unless told otherwise (the port Prometheus'
 /// own exporters conventionally leave for applications).

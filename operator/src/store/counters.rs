@@ -79,7 +79,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
     Ok(())
 }
 
-fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
+pub(super) fn is_foreign_key_violation(e: &sqlx::Error) -> bool {
     e.as_database_error()
         .and_then(|d| d.code())
         .is_some_and(|c| c == "23503")

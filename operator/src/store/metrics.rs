@@ -1,11 +1,40 @@
 //! The metrics history: every report's counters as a time series, inserted in
 //! batches and trimmed to the retention the `settings` table names.
 
-use super::{CounterRow, Result};
+use super::counters::is_foreign_key_violation;
+use super::{CounterRow, Result, StoreError};
 use sqlx::PgPool;
+use std::collections::HashSet;
 
 /// Inserts the whole batch or nothing, so a retried batch is never stored twice.
-pub(super) async fn insert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
+/// Rows of topologies deleted since they were reported are left out (a row of a
+/// deleted topology would otherwise fail the batch at every retry, and with it
+/// every other topology's samples); returns how many were left out.
+pub(super) async fn insert(pool: &PgPool, rows: &[CounterRow]) -> Result<u64> {
+    match insert_all(pool, rows).await {
+        Err(StoreError::Db(e)) if is_foreign_key_violation(&e) => {}
+        other => return other.map(|()| 0),
+    }
+    let ids: Vec<i64> = rows.iter().map(|r| r.topology_id).collect();
+    let live: HashSet<i64> = sqlx::query_scalar("SELECT id FROM topologies WHERE id = ANY($1)")
+        .bind(&ids)
+        .fetch_all(pool)
+        .await?
+        .into_iter()
+        .collect();
+    let kept: Vec<CounterRow> = rows
+        .iter()
+        .filter(|r| live.contains(&r.topology_id))
+        .cloned()
+        .collect();
+    insert_all(pool, &kept).await?;
+    Ok((rows.len() - kept.len()) as u64)
+}
+
+async fn insert_all(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
+    if rows.is_empty() {
+        return Ok(());
+    }
     let mut tx = pool.begin().await?;
     for chunk in rows.chunks(2000) {
         let mut qb = sqlx::QueryBuilder::new(

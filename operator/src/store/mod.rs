@@ -282,8 +282,9 @@ impl Store {
         counters::upsert(&self.pool, rows).await
     }
 
-    /// Appends a batch of reports to the metrics history.
-    pub async fn record_metrics(&self, rows: &[CounterRow]) -> Result<()> {
+    /// Appends a batch of reports to the metrics history, all or nothing. Rows of
+    /// topologies deleted meanwhile are left out; returns how many.
+    pub async fn record_metrics(&self, rows: &[CounterRow]) -> Result<u64> {
         metrics::insert(&self.pool, rows).await
     }
 
