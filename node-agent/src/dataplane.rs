@@ -76,6 +76,8 @@ pub struct Dataplane {
     socks_bound: Vec<SocketAddr>,
     /// The node's config from the last snapshot (deltas do not carry it).
     current_node: pb::NodeConfig,
+    /// Where the TUN device is made (the node's namespace).
+    node_side: crate::node_side::NodeSide,
 }
 
 impl Dataplane {
@@ -101,7 +103,19 @@ impl Dataplane {
             socks_listeners: Vec::new(),
             socks_bound: Vec::new(),
             current_node: pb::NodeConfig::default(),
+            node_side: crate::node_side::NodeSide::here(),
         }
+    }
+
+    /// The node's own end (TUN device, connections to its applications) lives
+    /// in another namespace than the agent (packed pods).
+    pub fn with_node_side(mut self, side: crate::node_side::NodeSide) -> Dataplane {
+        self.relay = Arc::new(
+            crate::relay::Relay::new(self.routes.clone(), Arc::default())
+                .with_node_side(side.clone()),
+        );
+        self.node_side = side;
+        self
     }
 
     /// SOCKS listeners the agent bound at start (outside its namespace). Their
@@ -304,7 +318,14 @@ impl Dataplane {
             ));
             Some(endpoint)
         };
-        let device = tun_io::create(&self.tun_name, identity.overlay, identity.prefix_len, mtu)?;
+        let device = tun_io::create_on(
+            &self.node_side,
+            &self.tun_name,
+            identity.overlay,
+            identity.prefix_len,
+            mtu,
+        )
+        .await?;
         let local = tun_io::spawn_writer(device.clone(), self.counters.clone());
         let processors = Processors::spawn(
             dataplane.processors,

@@ -23,6 +23,7 @@ pub mod listener;
 pub mod maxmode;
 pub mod metrics;
 pub mod netns;
+pub mod node_side;
 pub mod packet;
 pub mod processor;
 pub mod quic;

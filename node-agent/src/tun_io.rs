@@ -3,6 +3,7 @@
 //! delivers packets addressed to this node.
 
 use crate::counters::NodeCounters;
+use crate::node_side::NodeSide;
 use crate::packet::Packet;
 use crate::processor::Processors;
 use bytes::Bytes;
@@ -26,6 +27,32 @@ pub fn create(
         .mtu(mtu)
         .build_async()?;
     Ok(Arc::new(device))
+}
+
+/// Like [`create`], with the device made in the node's namespace (which may
+/// not be the caller's: see [`NodeSide`]).
+pub async fn create_on(
+    side: &NodeSide,
+    name: &str,
+    addr: Ipv4Addr,
+    prefix_len: u8,
+    mtu: u16,
+) -> std::io::Result<Arc<AsyncDevice>> {
+    if !side.is_thread() {
+        return create(name, addr, prefix_len, mtu);
+    }
+    let name = name.to_string();
+    let device = side
+        .run(move || {
+            DeviceBuilder::new()
+                .name(name)
+                .ipv4(addr, prefix_len, None)
+                .mtu(mtu)
+                .build_sync()
+        })
+        .await??;
+    // Registered with this runtime's reactor here; the device stays where it was made.
+    Ok(Arc::new(AsyncDevice::new(device)?))
 }
 
 pub fn spawn_reader(
