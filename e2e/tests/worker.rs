@@ -75,10 +75,19 @@ fn cgroup_v1() -> bool {
 fn worker_runs_its_nodes_restarts_agents_and_leaves_nothing() {
     let env = Env::new("worker");
     let topology = format!("wk{}", std::process::id());
+    // Tokens, control-stream certificates and the CA, as the operator's Secret
+    // has them (the agents check them at start).
     let credentials = env.state_dir.join("credentials");
     std::fs::create_dir_all(&credentials).expect("credential dir");
-    for node in ["a", "b", "c"] {
-        std::fs::write(credentials.join(node), format!("secret-{node}")).expect("credential");
+    let ca = nextmini_operator::pki::ControlCa::generate().expect("a control CA");
+    let issued = nextmini_operator::pki::Credentials::issue(
+        &ca,
+        &topology,
+        ["a", "b", "c"].map(String::from).iter(),
+    )
+    .expect("credentials");
+    for (file, content) in issued.files() {
+        std::fs::write(credentials.join(file), content).expect("credential file");
     }
     let nodes =
         r#"[{"name":"a"},{"name":"b","cpuMillis":200,"memoryBytes":134217728},{"name":"c"}]"#;
@@ -201,6 +210,12 @@ fn worker_runs_its_nodes_restarts_agents_and_leaves_nothing() {
         log_text()
     );
     assert!(is_running(b), "the other agents were left alone");
+    assert_eq!(
+        log_text().matches("agent exited").count(),
+        1,
+        "only the killed agent ever exited:\n{}",
+        log_text()
+    );
 
     // SIGTERM: agents stop, namespaces and cgroups go.
     let t = Instant::now();

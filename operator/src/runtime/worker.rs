@@ -12,6 +12,7 @@
 
 use super::packed::WorkerNode;
 use super::{RuntimeError, cgroup, names, netlink};
+use crate::pki::files;
 use futures::StreamExt;
 use rtnetlink::LinkUnspec;
 use std::path::PathBuf;
@@ -61,7 +62,7 @@ impl WorkerConfig {
             .arg("--node")
             .arg(&node.name)
             .arg("--credential-file")
-            .arg(self.credential_dir.join(&node.name));
+            .arg(self.credential_dir.join(files::token(&node.name)));
         for addr in &node.socks {
             command.arg("--socks-listen").arg(addr.to_string());
         }
@@ -81,14 +82,21 @@ pub async fn run(
             config.agent_binary.display()
         )));
     }
+    // The token and the control-stream certificate, key and CA, laid out as
+    // the agent looks for them beside its credential file.
     for node in &config.nodes {
-        let credential = config.credential_dir.join(&node.name);
-        if !credential.exists() {
-            return Err(RuntimeError::Conflict(format!(
-                "node {}: no credential at {}",
-                node.name,
-                credential.display()
-            )));
+        let n = &node.name;
+        for file in [files::token(n), files::cert(n), files::key(n)]
+            .into_iter()
+            .chain([files::CA.to_string()])
+        {
+            let path = config.credential_dir.join(file);
+            if !path.exists() {
+                return Err(RuntimeError::Conflict(format!(
+                    "node {n}: no credential file {}",
+                    path.display()
+                )));
+            }
         }
     }
     // A restarted container finds the files of its predecessor's namespaces
@@ -344,6 +352,6 @@ mod tests {
             socks: vec![],
         }];
         let e = run(c, std::future::ready(())).await.expect_err("refused");
-        assert!(e.to_string().contains("node a: no credential"), "{e}");
+        assert!(e.to_string().contains("node a: no credential file"), "{e}");
     }
 }
