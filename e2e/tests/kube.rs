@@ -396,10 +396,10 @@ fn operator_runs_line3_on_a_real_cluster() {
 }
 
 /// a — b — c — d — e — f, three nodes per worker pod: a, b, c in worker 0 and
-/// d, e, f in worker 1, so the link c-d joins the two pods.
+/// d, e, f in worker 1, so the link c-d joins the two pods. b has limits.
 fn packed6(image: &str) -> String {
     format!(
-        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: packed6}}\nspec:\n  placement: packed\n  nodesPerWorker: 3\n  workerImage: {image}\n  nodes: [{{name: a}}, {{name: b}}, {{name: c}}, {{name: d}}, {{name: e}}, {{name: f}}]\n  links:\n  - endpoints: [a, b]\n  - endpoints: [b, c]\n  - endpoints: [c, d]\n  - endpoints: [d, e]\n  - endpoints: [e, f]\n"
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: packed6}}\nspec:\n  placement: packed\n  nodesPerWorker: 3\n  workerImage: {image}\n  nodes: [{{name: a}}, {{name: b, resources: {{cpu: 500m, memory: 128Mi}}}}, {{name: c}}, {{name: d}}, {{name: e}}, {{name: f}}]\n  links:\n  - endpoints: [a, b]\n  - endpoints: [b, c]\n  - endpoints: [c, d]\n  - endpoints: [d, e]\n  - endpoints: [e, f]\n"
     )
 }
 
@@ -483,6 +483,61 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
     for node in ["d", "e", "f"] {
         let ns = nextmini_operator::runtime::names::netns("packed6", node);
         assert!(namespaces.contains(&ns), "{ns} in worker 1: {namespaces}");
+    }
+
+    // b's limits: a cgroup of its own inside worker 0's (cgroup v1 nodes), and
+    // the worker requests them besides its own share.
+    let requests = c.ok(&[
+        "get",
+        "pod",
+        "packed6-worker-0",
+        "-o",
+        "jsonpath={.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.requests.memory}",
+    ]);
+    assert_eq!(
+        requests.trim(),
+        "600m 201326592",
+        "b's 500m and 128Mi plus the worker's"
+    );
+    let v2 = c
+        .kubectl(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "test",
+            "-e",
+            "/sys/fs/cgroup/cgroup.controllers",
+        ])
+        .status
+        .success();
+    if v2 {
+        println!("cgroup v2 nodes: b is held by the pod's limits only");
+    } else {
+        let group = format!(
+            "/sys/fs/cgroup/cpu/nextmini/{}",
+            nextmini_operator::runtime::names::netns("packed6", "b")
+        );
+        let quota = c.ok(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "cat",
+            &format!("{group}/cpu.cfs_quota_us"),
+        ]);
+        assert_eq!(quota.trim(), "50000", "500m of a 100 ms period");
+        let procs = c.ok(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "cat",
+            &format!("{group}/cgroup.procs"),
+        ]);
+        assert!(!procs.trim().is_empty(), "b's agent is in its group");
+        println!(
+            "b's cgroup in worker 0: quota {} us, pids {}",
+            quota.trim(),
+            procs.split_whitespace().collect::<Vec<_>>().join(",")
+        );
     }
 
     // python http.server in f (worker 1), curl in a (worker 0): the bytes
