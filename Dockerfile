@@ -1,6 +1,8 @@
 # The Nextmini image: the operator, the node agent and the CLI in one image.
 #   docker build -t docker.io/nextmini/nextmini:dev .
-# `make kind` builds it, loads it into a kind cluster and installs the Helm chart.
+# The worker image of packed topologies (spec.workerImage), with tools to run in the nodes:
+#   docker build --target worker -t docker.io/nextmini/worker:dev .
+# `make kind` builds both, loads them into a kind cluster and installs the Helm chart.
 
 FROM rust:1-bookworm AS build
 WORKDIR /src
@@ -12,7 +14,7 @@ RUN --mount=type=cache,target=/usr/local/cargo/registry \
  && mkdir -p /out \
  && cp target/release/nextmini-operator target/release/nextmini-agent target/release/nextmini /out/
 
-FROM debian:bookworm-slim
+FROM debian:bookworm-slim AS nextmini
 # iproute2: the agent's namespaces and links; ca-certificates: TLS to external services
 # (e.g. a managed PostgreSQL); fonts-dejavu-core: `nextmini results --plot` labels.
 RUN apt-get update \
@@ -26,3 +28,13 @@ CMD ["nextmini", "--help"]
 LABEL org.opencontainers.image.title="nextmini" \
       org.opencontainers.image.description="Nextmini network emulation testbed: operator, node agent and CLI" \
       org.opencontainers.image.licenses="Apache-2.0"
+
+# Packed worker pods run applications inside their nodes (`kubectl exec <worker> --
+# nextmini exec <node> -- curl …`); they need the tools in the pod's image.
+FROM nextmini AS worker
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends curl python3 iperf3 \
+ && rm -rf /var/lib/apt/lists/*
+
+# The default target stays the Nextmini image.
+FROM nextmini

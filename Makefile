@@ -7,7 +7,7 @@ EXAMPLE ?= manifests/examples/line3.yaml
 # Seconds per fuzz target in `make test`'s smoke stage.
 FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: setup build run demo test test-kube lint unit e2e crds down clean fuzz bench bench-load
+.PHONY: setup build run demo test test-kube bench-kube lint unit e2e crds down clean fuzz bench bench-load
 
 setup:
 	@scripts/setup.sh
@@ -49,6 +49,15 @@ test-kube:
 	  e2e/cluster/down.sh; \
 	  exit $$status; \
 	fi
+
+# Time to Ready of packed placement against one pod per node (6 and 60 nodes;
+# NEXTMINI_E2E_SCALE_NODES changes the sizes), on the local cluster like test-kube.
+bench-kube:
+	@status=0; \
+	e2e/cluster/up.sh && NEXTMINI_BIN_DIR=$(CURDIR)/target/release e2e/cluster/images.sh nextmini postgres && \
+	KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test -p nextmini-e2e --test kube_scale -- --ignored --nocapture || status=1; \
+	e2e/cluster/down.sh; \
+	exit $$status
 
 lint:
 	$(CARGO) fmt --all -- --check
@@ -96,6 +105,7 @@ HELM ?= $(shell command -v helm 2>/dev/null || echo /var/cache/nextmini/k8s/bin/
 IMAGE_REPO ?= docker.io/nextmini/nextmini
 IMAGE_TAG ?= dev
 IMAGE := $(IMAGE_REPO):$(IMAGE_TAG)
+WORKER_IMAGE ?= docker.io/nextmini/worker:$(IMAGE_TAG)
 KIND_CLUSTER ?= nextmini
 # helm built by `go install` has no Kubernetes version stamped in (it assumes 1.20), so
 # `helm template` is told which version to render for.
@@ -118,8 +128,9 @@ helm-lint:
 # exists, loads the image into it and installs the chart.
 kind:
 	docker build -t $(IMAGE) .
+	docker build --target worker -t $(WORKER_IMAGE) .
 	kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name $(KIND_CLUSTER) --config kind-config.yaml
-	kind load docker-image $(IMAGE) --name $(KIND_CLUSTER)
+	kind load docker-image $(IMAGE) $(WORKER_IMAGE) --name $(KIND_CLUSTER)
 	$(HELM) upgrade --install nextmini helm/nextmini -n nextmini --create-namespace \
 		--set image.repository=$(IMAGE_REPO) --set image.tag=$(IMAGE_TAG) \
 		--set image.pullPolicy=Never --wait

@@ -7,9 +7,12 @@
 #   docker.io/nextmini/postgres:dev   Debian's PostgreSQL 15, entrypoint like the
 #                                     official image's basics, runs as uid 999
 #   docker.io/nextmini/tools:dev      curl, python3 (stdlib), ip, busybox
+#   docker.io/nextmini/worker:dev     the nextmini image plus curl and python3: a
+#                                     packed topology's workerImage, so tests run
+#                                     applications inside packed nodes
 #   registry.k8s.io/pause:3.9         the sandbox image (our pause program)
 #
-#   images.sh [--no-import] [nextmini|postgres|tools|pause]...   (default: all)
+#   images.sh [--no-import] [nextmini|postgres|tools|worker|pause]...   (default: all)
 # Tarballs are written to $NEXTMINI_K8S_CACHE/images.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -23,11 +26,11 @@ WANT=()
 for a in "$@"; do
   case $a in
     --no-import) IMPORT_ARGS=(--no-import) ;;
-    nextmini | postgres | tools | pause) WANT+=("$a") ;;
-    *) die "unknown argument $a (expected --no-import, nextmini, postgres, tools, pause)" ;;
+    nextmini | postgres | tools | worker | pause) WANT+=("$a") ;;
+    *) die "unknown argument $a (expected --no-import, nextmini, postgres, tools, worker, pause)" ;;
   esac
 done
-((${#WANT[@]})) || WANT=(pause nextmini postgres tools)
+((${#WANT[@]})) || WANT=(pause nextmini postgres tools worker)
 
 ensure_packages busybox-static ca-certificates curl python3.11 postgresql-15 postgresql-client-15 iproute2 binutils tzdata
 mkdir -p "$OUT_DIR"
@@ -62,10 +65,14 @@ image_pause() {
 }
 
 # ---------------------------------------------------------------- nextmini
-image_nextmini() {
-  local ref=docker.io/nextmini/nextmini:dev out=$OUT_DIR/nextmini.tar st=$WORK/nextmini b found=()
+# nextmini_into DIR REF BINARY...: those of the binaries found in $BIN_DIR,
+# busybox and CA certificates (ip comes from the host, with its libraries, by
+# image.sh).
+nextmini_into() {
+  local st=$1 ref=$2 b found=()
+  shift 2
   mkdir -p "$st/usr/local/bin" "$st/etc"
-  for b in nextmini-operator nextmini-agent nextmini; do
+  for b in "$@"; do
     if [[ -x $BIN_DIR/$b ]]; then
       strip --strip-debug -o "$st/usr/local/bin/$b" "$BIN_DIR/$b"
       found+=("$b")
@@ -75,6 +82,11 @@ image_nextmini() {
   log "$ref: ${found[*]} from $BIN_DIR"
   busybox_into "$st" ip
   certs_into "$st"
+}
+
+image_nextmini() {
+  local ref=docker.io/nextmini/nextmini:dev out=$OUT_DIR/nextmini.tar st=$WORK/nextmini
+  nextmini_into "$st" "$ref" nextmini-operator nextmini-agent nextmini
   local cmd=/bin/sh
   [[ -x $st/usr/local/bin/nextmini-operator ]] && cmd=/usr/local/bin/nextmini-operator
   "$HERE/image.sh" --ref "$ref" --out "$out" --dir "$st:/" --file /usr/sbin/ip:/usr/sbin/ip --cmd "$cmd" \
@@ -122,6 +134,22 @@ image_tools() {
   certs_into "$st"
   "$HERE/image.sh" --ref "$ref" --out "$out" --dir "$st:/" \
     --file "$py:$py" --file /usr/bin/curl:/usr/bin/curl --file /usr/sbin/ip:/usr/sbin/ip \
+    --dir /usr/lib/python3.11:/usr/lib/python3.11 \
+    --exclude './test' --exclude './idlelib' --exclude './tkinter' --exclude './turtledemo' \
+    --exclude './ensurepip' --exclude './lib2to3' --exclude '__pycache__' --exclude './config-3.11-x86_64-linux-gnu' \
+    --cmd /bin/sh --env SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt --quiet "${IMPORT_ARGS[@]}"
+  built "$ref" "$out"
+}
+
+# ---------------------------------------------------------------- worker
+image_worker() {
+  local ref=docker.io/nextmini/worker:dev out=$OUT_DIR/worker.tar st=$WORK/worker
+  local py=/usr/bin/python3.11
+  [[ -x $py ]] || die "$py is missing (apt-get install python3.11)"
+  nextmini_into "$st" "$ref" nextmini-agent nextmini
+  ln -s python3.11 "$st/usr/bin/python3"
+  "$HERE/image.sh" --ref "$ref" --out "$out" --dir "$st:/" \
+    --file /usr/sbin/ip:/usr/sbin/ip --file "$py:$py" --file /usr/bin/curl:/usr/bin/curl \
     --dir /usr/lib/python3.11:/usr/lib/python3.11 \
     --exclude './test' --exclude './idlelib' --exclude './tkinter' --exclude './turtledemo' \
     --exclude './ensurepip' --exclude './lib2to3' --exclude '__pycache__' --exclude './config-3.11-x86_64-linux-gnu' \

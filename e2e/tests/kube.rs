@@ -7,6 +7,8 @@
 //! (and the chart's NetworkPolicy admitting only the operator to PostgreSQL), the
 //! whole bad-input corpus refused through the API while line3 stays Ready, and
 //! `kubectl delete` leaving nothing.
+//! Then packed placement: six nodes in two worker pods, Ready, traffic from a
+//! node of one worker to a node of the other, and nothing left after delete.
 //!
 //! Ignored by plain `cargo test`; `make test` starts a cluster built from
 //! source and runs it with `--ignored`. Against your own cluster (kind, k3s):
@@ -24,6 +26,13 @@ const MIB: u64 = 1 << 20;
 fn tools_image() -> String {
     std::env::var("NEXTMINI_E2E_TOOLS_IMAGE")
         .unwrap_or_else(|_| "docker.io/nextmini/tools:dev".into())
+}
+
+/// The image of packed worker pods in the test: the Nextmini image with curl
+/// and python3 (`e2e/cluster/images.sh` builds it).
+fn worker_image() -> String {
+    std::env::var("NEXTMINI_E2E_WORKER_IMAGE")
+        .unwrap_or_else(|_| "docker.io/nextmini/worker:dev".into())
 }
 
 fn pull_policy() -> String {
@@ -437,6 +446,258 @@ fn operator_runs_line3_on_a_real_cluster() {
     }
     assert_eq!(
         c.psql("SELECT count(*) FROM topologies WHERE name = 'line3'"),
+        "0",
+        "rows left behind"
+    );
+
+    packed_six_nodes_on_two_workers(&c);
+}
+
+/// a — b — c — d — e — f, three nodes per worker pod: a, b, c in worker 0 and
+/// d, e, f in worker 1, so the link c-d joins the two pods. b has limits.
+fn packed6(image: &str) -> String {
+    format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: packed6}}\nspec:\n  placement: packed\n  nodesPerWorker: 3\n  workerImage: {image}\n  nodes: [{{name: a}}, {{name: b, resources: {{cpu: 500m, memory: 128Mi}}}}, {{name: c}}, {{name: d}}, {{name: e}}, {{name: f}}]\n  links:\n  - endpoints: [a, b]\n  - endpoints: [b, c]\n  - endpoints: [c, d]\n  - endpoints: [d, e]\n  - endpoints: [e, f]\n"
+    )
+}
+
+/// `sh -c script` inside `node`, which runs in `worker`; its stdout.
+fn in_node(c: &Cluster, worker: &str, node: &str, script: &str) -> String {
+    c.ok(&[
+        "exec", worker, "--", "nextmini", "exec", node, "--", "sh", "-c", script,
+    ])
+    .trim()
+    .to_string()
+}
+
+/// Bytes c has received from d on the link between the two workers.
+fn c_received(c: &Cluster) -> i64 {
+    c.psql("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'packed6' AND c.node = 'c' AND c.link = 'c-d'")
+        .parse()
+        .expect("a byte count")
+}
+
+fn packed_six_nodes_on_two_workers(c: &Cluster) {
+    // The API server refuses packing fields without packed placement.
+    let refused = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: half-packed}\nspec:\n  placement: pod-per-node\n  nodesPerWorker: 4\n  nodes: [{name: a}]\n",
+    );
+    assert!(!refused.status.success(), "CEL refuses nodesPerWorker here");
+    assert!(
+        String::from_utf8_lossy(&refused.stderr)
+            .contains("nodesPerWorker, workers and workerImage need placement: packed"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+
+    let t = Instant::now();
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &packed6(&worker_image()));
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/packed6",
+        "--timeout=240s",
+    ]);
+    println!(
+        "packed6 (6 nodes, 2 worker pods) Ready {:.1} s after kubectl apply",
+        t.elapsed().as_secs_f64()
+    );
+    let table = c.ok(&["get", "topology", "packed6"]);
+    println!("{table}");
+    let columns: Vec<&str> = table
+        .lines()
+        .nth(1)
+        .expect("a row")
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        &columns[..4],
+        ["packed6", "6", "5", "True"],
+        "NAME NODES LINKS READY"
+    );
+    let pods = c.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "nextmini.io/topology=packed6",
+        "-o",
+        r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.annotations.nextmini\.io/nodes}{"
+"}{end}"#,
+    ]);
+    let mut pods: Vec<&str> = pods.lines().collect();
+    pods.sort();
+    assert_eq!(
+        pods,
+        ["packed6-worker-0=a,b,c", "packed6-worker-1=d,e,f"],
+        "two worker pods, three nodes each"
+    );
+    let namespaces = c.ok(&["exec", "packed6-worker-1", "--", "ip", "netns", "list"]);
+    for node in ["d", "e", "f"] {
+        let ns = nextmini_operator::runtime::names::netns("packed6", node);
+        assert!(namespaces.contains(&ns), "{ns} in worker 1: {namespaces}");
+    }
+
+    // b's limits: a cgroup of its own inside worker 0's (cgroup v1 nodes), and
+    // the worker requests them besides its own share.
+    let requests = c.ok(&[
+        "get",
+        "pod",
+        "packed6-worker-0",
+        "-o",
+        "jsonpath={.spec.containers[0].resources.requests.cpu} {.spec.containers[0].resources.requests.memory}",
+    ]);
+    assert_eq!(
+        requests.trim(),
+        "600m 201326592",
+        "b's 500m and 128Mi plus the worker's"
+    );
+    let v2 = c
+        .kubectl(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "test",
+            "-e",
+            "/sys/fs/cgroup/cgroup.controllers",
+        ])
+        .status
+        .success();
+    if v2 {
+        println!("cgroup v2 nodes: b is held by the pod's limits only");
+    } else {
+        let group = format!(
+            "/sys/fs/cgroup/cpu/nextmini/{}",
+            nextmini_operator::runtime::names::netns("packed6", "b")
+        );
+        let quota = c.ok(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "cat",
+            &format!("{group}/cpu.cfs_quota_us"),
+        ]);
+        assert_eq!(quota.trim(), "50000", "500m of a 100 ms period");
+        let procs = c.ok(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "cat",
+            &format!("{group}/cgroup.procs"),
+        ]);
+        assert!(!procs.trim().is_empty(), "b's agent is in its group");
+        println!(
+            "b's cgroup in worker 0: quota {} us, pids {}",
+            quota.trim(),
+            procs.split_whitespace().collect::<Vec<_>>().join(",")
+        );
+    }
+
+    // python http.server in f (worker 1), curl in a (worker 0): the bytes
+    // cross e, d, the link c-d between the pods, c and b.
+    let expected = c
+        .ok(&[
+            "exec",
+            "packed6-worker-1",
+            "--",
+            "python3",
+            "-c",
+            "import os, hashlib; os.makedirs('/tmp/www', exist_ok=True); data = os.urandom(20*1024*1024); open('/tmp/www/big', 'wb').write(data); print(hashlib.sha256(data).hexdigest())",
+        ])
+        .trim()
+        .to_string();
+    c.ok(&[
+        "exec",
+        "packed6-worker-1",
+        "--",
+        "sh",
+        "-c",
+        "setsid nextmini exec f -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
+    ]);
+    c.wait_for("the web server in f", Duration::from_secs(30), || {
+        c.kubectl(&[
+            "exec",
+            "packed6-worker-0",
+            "--",
+            "nextmini",
+            "exec",
+            "a",
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "5",
+            "-o",
+            "/dev/null",
+            "http://f:8000/",
+        ])
+        .status
+        .success()
+    });
+    let before = c_received(c);
+    let out = in_node(
+        c,
+        "packed6-worker-0",
+        "a",
+        "curl -sS --fail --max-time 120 -o /tmp/got -w '%{speed_download}' http://f:8000/big && echo && python3 -c \"import hashlib; print(hashlib.sha256(open('/tmp/got','rb').read()).hexdigest())\"",
+    );
+    let mut lines = out.lines();
+    let speed: f64 = lines
+        .next()
+        .and_then(|l| l.trim().parse().ok())
+        .expect("curl speed");
+    assert_eq!(
+        lines.next().map(str::trim),
+        Some(expected.as_str()),
+        "the file arrived intact"
+    );
+    println!(
+        "20 MiB f -> e -> d => c -> b -> a across two worker pods: {:.0} Mbit/s",
+        speed * 8.0 / 1e6
+    );
+    c.wait_for(
+        "c's counters to show the transfer",
+        Duration::from_secs(10),
+        || (c_received(c) - before) as u64 >= 20 * MIB,
+    );
+
+    // kubectl delete leaves no pod, service, secret, row or finalizer.
+    let t = Instant::now();
+    c.ok(&["delete", "topology", "packed6", "--timeout=120s"]);
+    c.wait_for(
+        "packed6's worker pods to go",
+        Duration::from_secs(90),
+        || {
+            c.ok(&[
+                "get",
+                "pods",
+                "-l",
+                "nextmini.io/topology=packed6",
+                "-o",
+                "name",
+            ])
+            .trim()
+            .is_empty()
+        },
+    );
+    println!(
+        "kubectl delete topology packed6: everything gone in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(!c.kubectl(&["get", "topology", "packed6"]).status.success());
+    for object in ["service/nm-packed6", "secret/nm-packed6-credentials"] {
+        assert!(
+            !c.kubectl(&["get", object]).status.success(),
+            "{object} left behind"
+        );
+    }
+    assert_eq!(
+        c.psql("SELECT count(*) FROM topologies WHERE name = 'packed6'"),
         "0",
         "rows left behind"
     );

@@ -78,6 +78,8 @@ pub struct Dataplane {
     current_node: pb::NodeConfig,
     /// Ask the kernel for TUN offloads (GSO/GRO with virtio-net headers).
     tun_offload: bool,
+    /// Where the TUN device is made (the node's namespace).
+    node_side: crate::node_side::NodeSide,
 }
 
 impl Dataplane {
@@ -104,6 +106,7 @@ impl Dataplane {
             socks_bound: Vec::new(),
             current_node: pb::NodeConfig::default(),
             tun_offload: true,
+            node_side: crate::node_side::NodeSide::here(),
         }
     }
 
@@ -111,6 +114,17 @@ impl Dataplane {
     /// runs, or a kernel that misbehaves with them).
     pub fn with_tun_offload(mut self, offload: bool) -> Dataplane {
         self.tun_offload = offload;
+        self
+    }
+
+    /// The node's own end (TUN device, connections to its applications) lives
+    /// in another namespace than the agent (packed pods).
+    pub fn with_node_side(mut self, side: crate::node_side::NodeSide) -> Dataplane {
+        self.relay = Arc::new(
+            crate::relay::Relay::new(self.routes.clone(), Arc::default())
+                .with_node_side(side.clone()),
+        );
+        self.node_side = side;
         self
     }
 
@@ -314,14 +328,16 @@ impl Dataplane {
             ));
             Some(endpoint)
         };
-        let tun = tun_io::create(
+        let device = tun_io::create_on(
+            &self.node_side,
             &self.tun_name,
             identity.overlay,
             identity.prefix_len,
             mtu,
             self.tun_offload,
-        )?;
-        let local = tun_io::spawn_writer(tun.clone(), self.counters.clone());
+        )
+        .await?;
+        let local = tun_io::spawn_writer(device.clone(), self.counters.clone());
         let processors = Processors::spawn(
             dataplane.processors,
             mapping,
@@ -332,7 +348,12 @@ impl Dataplane {
                 synth: self.synth_slot.clone(),
             },
         );
-        tun_io::spawn_reader(tun.clone(), processors.clone(), mtu, self.counters.clone());
+        tun_io::spawn_reader(
+            device.clone(),
+            processors.clone(),
+            mtu,
+            self.counters.clone(),
+        );
         let tcp = listener::bind(identity.listen).await?;
         tokio::spawn(listener::run_tcp(
             tcp,
@@ -350,7 +371,7 @@ impl Dataplane {
             std::mem::take(&mut self.socks_listeners),
             self.relay.clone(),
         )?;
-        tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, tun_offload = tun.offload, "dataplane started");
+        tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, tun_offload = device.offload, "dataplane started");
         let context = LinkContext {
             processors,
             quic,

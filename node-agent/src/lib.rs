@@ -24,6 +24,7 @@ pub mod listener;
 pub mod maxmode;
 pub mod metrics;
 pub mod netns;
+pub mod node_side;
 pub mod offload;
 pub mod packet;
 pub mod processor;

@@ -4,6 +4,7 @@ use anyhow::Context;
 use clap::Parser;
 use nextmini_agent::control::{self, HubAddress, Identity, TlsFiles};
 use nextmini_agent::dataplane::Dataplane;
+use nextmini_agent::node_side::NodeSide;
 use std::path::PathBuf;
 
 #[derive(Parser, Debug)]
@@ -13,8 +14,14 @@ use std::path::PathBuf;
 )]
 struct Args {
     /// Network namespace (a name under /run/netns) to enter before starting.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "tun_netns")]
     netns: Option<String>,
+    /// Packed pods: make the TUN device in this namespace (a name under
+    /// /run/netns) and connect to the node's applications from it, while the
+    /// control stream, the links and the max-mode relay stay in the namespace
+    /// the agent was started in, where the hub and the peers' pods are.
+    #[arg(long, value_name = "NETNS")]
+    tun_netns: Option<String>,
     /// Control hub: unix:/path/to/hub.sock or https://host:port (always TLS).
     #[arg(long, env = "NEXTMINI_HUB")]
     hub: HubAddress,
@@ -83,6 +90,11 @@ fn main() -> anyhow::Result<()> {
         nextmini_agent::netns::enter(ns)
             .with_context(|| format!("entering network namespace {ns}"))?;
     }
+    let node_side = match &args.tun_netns {
+        Some(ns) => NodeSide::enter(ns)
+            .with_context(|| format!("entering network namespace {ns} on the node-side thread"))?,
+        None => NodeSide::here(),
+    };
     let credential = std::fs::read_to_string(&args.credential_file)
         .with_context(|| format!("reading {}", args.credential_file.display()))?
         .trim()
@@ -103,6 +115,7 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let dataplane = Dataplane::new(args.topology.clone(), args.node.clone(), args.tun.clone())
+            .with_node_side(node_side)
             .with_socks_listeners(socks)
             .with_tun_offload(args.tun_offload);
         if let Some(path) = args.metrics_socket {

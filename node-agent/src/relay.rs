@@ -4,6 +4,7 @@
 
 use crate::counters::RelayCounters;
 use crate::link_auth::LinkKey;
+use crate::node_side::NodeSide;
 use crate::processor::Routes;
 use crate::routing::Decision;
 use arc_swap::ArcSwap;
@@ -75,14 +76,28 @@ impl View {
         }
         names.insert(node.name.clone(), overlay);
         let port = u16::try_from(node.max_port).unwrap_or(0);
+        // Every node's relay listens at the same distance from its link port as
+        // this node's: the same port everywhere when all nodes share the link
+        // port, and each node's own pair of ports in packed worker pods.
+        let offset = node
+            .listen_addr
+            .parse::<SocketAddr>()
+            .ok()
+            .map(|listen| i32::from(port) - i32::from(listen.port()));
         let neighbours = if port == 0 {
             HashMap::new()
         } else {
             links
                 .iter()
                 .filter_map(|l| {
-                    let (host, _) = l.peer_addr.rsplit_once(':')?;
-                    (!host.is_empty()).then(|| (l.name.clone(), format!("{host}:{port}")))
+                    let (host, peer_port) = l.peer_addr.rsplit_once(':')?;
+                    let relay = match (offset, peer_port.parse::<u16>()) {
+                        (Some(offset), Ok(peer_port)) => {
+                            u16::try_from(i32::from(peer_port) + offset).ok()?
+                        }
+                        _ => port,
+                    };
+                    (!host.is_empty()).then(|| (l.name.clone(), format!("{host}:{relay}")))
                 })
                 .collect()
         };
@@ -165,6 +180,8 @@ pub struct Relay {
     pub view: ArcSwap<View>,
     pub routes: Routes,
     pub counters: Arc<RelayCounters>,
+    /// Where connections to this node's own applications start.
+    pub node: NodeSide,
 }
 
 impl Relay {
@@ -173,7 +190,13 @@ impl Relay {
             view: ArcSwap::from_pointee(View::default()),
             routes,
             counters,
+            node: NodeSide::here(),
         }
+    }
+
+    pub fn with_node_side(mut self, node: NodeSide) -> Relay {
+        self.node = node;
+        self
     }
 
     /// The routing table's choice for a TCP connection from `src` to `dst` (after
@@ -280,6 +303,7 @@ mod tests {
             view.neighbours.get("a-d").map(String::as_str),
             Some("d.lab.default.svc:7101")
         );
+
         let socks = &view.socks[&"127.0.0.1:1080".parse().expect("addr")];
         assert_eq!(socks.mode, Mode::Max);
         assert!(same_secret(
@@ -290,6 +314,42 @@ mod tests {
             &socks.users[b"alice".as_slice()],
             &password_sha256(b"alice", b"Secret")
         ));
+    }
+
+    /// Packed worker pods give every node a pair of ports (links, relay); a
+    /// neighbour's relay is at the same distance from its link port as ours.
+    #[test]
+    fn neighbours_relays_keep_the_link_to_relay_port_distance() {
+        let link = |name: &str, peer_addr: &str| pb::LinkConfig {
+            name: name.into(),
+            peer_addr: peer_addr.into(),
+            ..Default::default()
+        };
+        let mut packed = node();
+        packed.listen_addr = "0.0.0.0:7102".into();
+        packed.max_port = 7103;
+        let links = [
+            link("a-b", "worker-1.nm-lab.default.svc:7100"),
+            link("a-c", "worker-0.nm-lab.default.svc:7104"),
+        ];
+        let ip = "198.18.0.1".parse().expect("ip");
+        let view = View::build(&packed, ip, &links, &Default::default()).expect("view");
+        assert_eq!(
+            view.neighbours.get("a-b").map(String::as_str),
+            Some("worker-1.nm-lab.default.svc:7101")
+        );
+        assert_eq!(
+            view.neighbours.get("a-c").map(String::as_str),
+            Some("worker-0.nm-lab.default.svc:7105")
+        );
+        let mut bridged = node();
+        bridged.listen_addr = "198.19.0.1:7100".into();
+        let links = [link("a-b", "198.19.0.2:7100")];
+        let view = View::build(&bridged, ip, &links, &Default::default()).expect("view");
+        assert_eq!(
+            view.neighbours.get("a-b").map(String::as_str),
+            Some("198.19.0.2:7101")
+        );
     }
 
     #[test]

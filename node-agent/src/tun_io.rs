@@ -8,6 +8,7 @@
 
 use crate::counters::NodeCounters;
 use crate::frame::MAX_PACKET;
+use crate::node_side::NodeSide;
 use crate::offload::{self, Offload, VNET_LEN};
 use crate::packet::Packet;
 use crate::processor::Processors;
@@ -63,6 +64,48 @@ pub fn create(
     Ok(Tun {
         device: Arc::new(build(false)?),
         offload: false,
+    })
+}
+
+/// Like [`create`], with the device made in the node's namespace (which may
+/// not be the caller's: see [`NodeSide`]).
+pub async fn create_on(
+    side: &NodeSide,
+    name: &str,
+    addr: Ipv4Addr,
+    prefix_len: u8,
+    mtu: u16,
+    offload: bool,
+) -> std::io::Result<Tun> {
+    if !side.is_thread() {
+        return create(name, addr, prefix_len, mtu, offload);
+    }
+    let name = name.to_string();
+    let (device, offload) = side
+        .run(move || {
+            let build = |offload: bool| {
+                DeviceBuilder::new()
+                    .name(&name)
+                    .ipv4(addr, prefix_len, None)
+                    .mtu(mtu)
+                    .offload(offload)
+                    .build_sync()
+            };
+            if offload {
+                match build(true) {
+                    Ok(device) => return Ok((device, true)),
+                    Err(e) => {
+                        tracing::warn!(error = %e, tun = %name, "TUN offload refused; packets go one by one");
+                    }
+                }
+            }
+            build(false).map(|device| (device, false))
+        })
+        .await??;
+    // Registered with this runtime's reactor here; the device stays where it was made.
+    Ok(Tun {
+        device: Arc::new(AsyncDevice::new(device)?),
+        offload,
     })
 }
 

@@ -146,9 +146,7 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
         .map_err(|why| (Reply::NetworkUnreachable, why.to_string()))?;
     match next {
         NextHop::Here if header.dst.port() == SINK_PORT => Ok(Onward::Sink),
-        NextHop::Here => connect(SocketAddr::V4(header.dst).to_string().as_str())
-            .await
-            .map(Onward::Stream),
+        NextHop::Here => connect_here(relay, header.dst).await.map(Onward::Stream),
         NextHop::Relay { addr, label } => {
             if header.hops >= MAX_HOPS {
                 return Err((
@@ -185,6 +183,20 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
             }
         }
     }
+}
+
+/// The destination is this node: the connection starts in its namespace, where
+/// its applications listen.
+async fn connect_here(relay: &Relay, dst: SocketAddrV4) -> Result<TcpStream, (Reply, String)> {
+    tokio::time::timeout(HOP_TIMEOUT, relay.node.connect(SocketAddr::V4(dst)))
+        .await
+        .map_err(|_| {
+            (
+                Reply::HostUnreachable,
+                format!("connecting to {dst} timed out"),
+            )
+        })?
+        .map_err(|e| (Reply::from_io(&e), format!("connecting to {dst}: {e}")))
 }
 
 /// `addr` is `host:port`; a host name is resolved here.

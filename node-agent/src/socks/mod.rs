@@ -245,7 +245,7 @@ async fn handshake(
     };
     let here = view.overlay.unwrap_or(Ipv4Addr::UNSPECIFIED);
     let opened = match settings.mode {
-        Mode::Normal => connect_inside(dst).await,
+        Mode::Normal => connect_inside(relay, dst).await,
         Mode::Max => {
             crate::maxmode::open(relay, SocketAddrV4::new(here, from.port()), dst, 0).await
         }
@@ -274,8 +274,9 @@ async fn refuse(client: &mut TcpStream, reply: Reply, why: String) -> SocksError
 
 /// Normal mode: an ordinary connection from inside the node, routed by the kernel
 /// to the TUN device.
-async fn connect_inside(dst: SocketAddrV4) -> Result<TcpStream, (Reply, String)> {
-    match tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(dst)).await {
+async fn connect_inside(relay: &Relay, dst: SocketAddrV4) -> Result<TcpStream, (Reply, String)> {
+    let connect = relay.node.connect(SocketAddr::V4(dst));
+    match tokio::time::timeout(HANDSHAKE_TIMEOUT, connect).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => Err((Reply::from_io(&e), format!("connecting to {dst}: {e}"))),
         Err(_) => Err((

@@ -28,12 +28,34 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name": "Age", "type": "date", "description": "Time since creation", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("!(has(self.nodesPerWorker) && has(self.workers))").message("set nodesPerWorker or workers, not both"))]
+#[x_kube(validation = Rule::new("self.placement in ['packed', 'netns'] || !(has(self.nodesPerWorker) || has(self.workers) || has(self.workerImage))").message("nodesPerWorker, workers and workerImage need placement: packed"))]
 pub struct TopologySpec {
     /// Where virtual nodes run: `auto` (the default: network namespaces on one
-    /// machine, one pod per node in a cluster), `netns` (network namespaces,
-    /// locally or packed into a few pods) or `pod-per-node`.
+    /// machine, one pod per node in a cluster), `packed` (in a cluster, a few
+    /// worker pods each hosting many nodes as network namespaces; on one
+    /// machine the same as `netns`), `netns` (network namespaces; packed pods in
+    /// a cluster) or `pod-per-node`.
     #[serde(default)]
     pub placement: Placement,
+    /// Packed placement: how many nodes each worker pod hosts, 1 to 1000 (default
+    /// 50). Node i runs in worker i / nodesPerWorker, so nodes added at the end
+    /// leave the other workers alone. Set this or `workers`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000))]
+    pub nodes_per_worker: Option<u32>,
+    /// Packed placement: the number of worker pods; node i runs in worker
+    /// i mod workers. At most 1000 nodes may share a worker. Set this or
+    /// `nodesPerWorker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 65534))]
+    pub workers: Option<u32>,
+    /// Packed placement: the image of the worker pods (default: the operator's
+    /// agent image). Build it `FROM` the Nextmini image and add the tools your
+    /// nodes run (`kubectl exec <worker> -- nextmini exec <node> -- <command>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512))]
+    pub worker_image: Option<String>,
     /// Settings of every node's dataplane.
     #[serde(default)]
     pub dataplane: DataplaneSpec,
@@ -72,6 +94,9 @@ pub enum Placement {
     Netns,
     /// One Kubernetes pod per node.
     PodPerNode,
+    /// A few worker pods, each hosting many nodes as network namespaces (a
+    /// cluster); network namespaces on one machine.
+    Packed,
 }
 
 /// How the agents report counters to the control plane.

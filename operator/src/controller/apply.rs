@@ -195,17 +195,17 @@ async fn store_plan(
             let g = store
                 .apply_node_changes(plan, &source, &changes.removed, &added)
                 .await?;
-            // A node whose addresses changed needs a new agent.
+            // A node whose addresses changed needs a new agent: its pod, or
+            // the worker pod hosting it, is made afresh.
             let restarted: Vec<&String> = changes
                 .added
                 .iter()
                 .filter(|n| changes.removed.contains(n))
                 .collect();
             if !restarted.is_empty() {
+                let doomed = build::pods_hosting(plan, &restarted);
                 delete_pods(ctx, namespace, &plan.topology, |p| {
-                    p.labels()
-                        .get(super::NODE_LABEL)
-                        .is_some_and(|n| restarted.contains(&n))
+                    doomed.contains(&p.name_any())
                 })
                 .await?;
             }

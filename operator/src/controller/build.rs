@@ -7,13 +7,13 @@ use super::validate::Validated;
 use super::{MANAGED_BY, NODE_LABEL, Settings, TOPOLOGY_LABEL};
 use crate::api::Topology;
 use crate::pki::{Credentials, files};
-use crate::plan::{LINK_PORT, PlannedNode};
-use crate::runtime::pods;
+use crate::plan::{LINK_PORT, Plan, PlannedNode};
+use crate::runtime::{packed, pods};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
-    Capabilities, Container, HostAlias, HostPathVolumeSource, KeyToPath, Pod, PodSpec,
-    ResourceRequirements, SecretVolumeSource, SecurityContext, Service, ServicePort, ServiceSpec,
-    Volume, VolumeMount,
+    Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostAlias, HostPathVolumeSource,
+    KeyToPath, Pod, PodSpec, ResourceRequirements, SecretVolumeSource, SecurityContext, Service,
+    ServicePort, ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -24,6 +24,12 @@ use std::collections::BTreeMap;
 /// Annotation holding a hash of the pod's desired spec: a pod whose hash
 /// differs is replaced (pod specs are mostly immutable).
 pub const SPEC_HASH: &str = "nextmini.io/spec-hash";
+/// Annotation of a worker pod: the nodes it hosts, comma-separated, so users
+/// find where a node runs (`kubectl get pods -o custom-columns=…`).
+pub const NODES_ANNOTATION: &str = "nextmini.io/nodes";
+/// Label of a worker pod: its worker number.
+pub const WORKER_LABEL: &str = "nextmini.io/worker";
+const WORKER_CONTAINER: &str = "worker";
 const CREDENTIAL_DIR: &str = "/var/run/nextmini";
 
 fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, String> {
@@ -103,7 +109,8 @@ pub fn credentials(
     }
 }
 
-/// One agent pod per node, each with its spec hash annotated.
+/// The topology's pods, each with its spec hash annotated: one agent pod per
+/// node, or for packed placement, one pod per worker.
 pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) -> Vec<Pod> {
     let plan = &validated.plan;
     // Node names resolve to overlay addresses inside every pod, as in local mode.
@@ -115,6 +122,12 @@ pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) 
             hostnames: Some(vec![n.name.clone()]),
         })
         .collect();
+    if let Some(packing) = plan.packing() {
+        return packed::workers(plan, packing)
+            .into_iter()
+            .map(|(worker, nodes)| worker_pod(owner, validated, worker, &nodes, &aliases, settings))
+            .collect();
+    }
     plan.nodes
         .iter()
         .map(|node| {
@@ -201,14 +214,7 @@ fn agent_pod(
         host_aliases: Some(aliases.to_vec()),
         containers,
         volumes: Some(vec![
-            Volume {
-                name: "tun".into(),
-                host_path: Some(HostPathVolumeSource {
-                    path: "/dev/net/tun".into(),
-                    type_: Some("CharDevice".into()),
-                }),
-                ..Volume::default()
-            },
+            tun_volume(),
             Volume {
                 name: "credential".into(),
                 secret: Some(SecretVolumeSource {
@@ -252,6 +258,209 @@ fn agent_pod(
         metadata,
         spec: Some(spec),
         ..Pod::default()
+    }
+}
+
+/// The pods that run `nodes`' agents, by name.
+pub fn pods_hosting(plan: &Plan, nodes: &[&String]) -> Vec<String> {
+    let mut pods: Vec<String> = plan
+        .nodes
+        .iter()
+        .filter(|n| nodes.contains(&&n.name))
+        .map(|n| match plan.packing() {
+            Some(packing) => pods::worker_pod_name(&plan.topology, packing.seat(n.index).worker),
+            None => pods::pod_name(&plan.topology, &n.name),
+        })
+        .collect();
+    pods.sort();
+    pods.dedup();
+    pods
+}
+
+/// Where a worker keeps its nodes' namespaces (`ip netns` finds them there).
+const NETNS_DIR: &str = "/run/netns";
+
+/// A packed topology's worker pod: `nextmini worker` makes a network namespace
+/// per node, starts and supervises the nodes' agents. The agents stay in the
+/// pod's namespace (hub, peers and DNS are reachable there, no NAT needed) and
+/// put only their TUN device into the node's namespace.
+fn worker_pod(
+    owner: &Topology,
+    validated: &Validated,
+    worker: u32,
+    nodes: &[&PlannedNode],
+    aliases: &[HostAlias],
+    settings: &Settings,
+) -> Pod {
+    let topology = &validated.plan.topology;
+    let names: Vec<String> = nodes.iter().map(|n| n.name.clone()).collect();
+    let mount = |name: &str, path: &str, read_only: bool| VolumeMount {
+        name: name.into(),
+        mount_path: path.into(),
+        read_only: read_only.then_some(true),
+        ..VolumeMount::default()
+    };
+    let scratch = |name: &str| Volume {
+        name: name.into(),
+        empty_dir: Some(EmptyDirVolumeSource::default()),
+        ..Volume::default()
+    };
+    let container = Container {
+        name: WORKER_CONTAINER.into(),
+        image: Some(
+            validated
+                .worker_image
+                .clone()
+                .unwrap_or_else(|| settings.agent_image.clone()),
+        ),
+        image_pull_policy: Some(settings.agent_image_pull_policy.clone()),
+        command: Some(vec!["nextmini".into(), "worker".into()]),
+        args: Some(vec![
+            "--hub".into(),
+            settings.hub_address.clone(),
+            "--topology".into(),
+            topology.clone(),
+            "--credential-dir".into(),
+            CREDENTIAL_DIR.into(),
+            "--nodes".into(),
+            packed::nodes_arg(nodes),
+        ]),
+        env: Some(vec![
+            EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some(settings.agent_log.clone()),
+                ..Default::default()
+            },
+            // `nextmini exec <node> -- …` in the pod finds the topology.
+            EnvVar {
+                name: "NEXTMINI_TOPOLOGY".into(),
+                value: Some(topology.clone()),
+                ..Default::default()
+            },
+        ]),
+        // NET_ADMIN for the TUN devices; SYS_ADMIN to make network namespaces
+        // and mount them under /run/netns, and to give each node a cgroup.
+        security_context: Some(SecurityContext {
+            capabilities: Some(Capabilities {
+                add: Some(vec!["NET_ADMIN".into(), "SYS_ADMIN".into()]),
+                drop: Some(vec!["ALL".into()]),
+            }),
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            ..SecurityContext::default()
+        }),
+        resources: worker_resources(nodes),
+        volume_mounts: Some(vec![
+            mount("tun", "/dev/net/tun", false),
+            mount("credential", CREDENTIAL_DIR, true),
+            mount("netns", NETNS_DIR, false),
+            mount("tmp", "/tmp", false),
+        ]),
+        ..Container::default()
+    };
+    let spec = PodSpec {
+        hostname: Some(pods::worker_hostname(worker)),
+        subdomain: Some(pods::service_name(topology)),
+        host_aliases: Some(aliases.to_vec()),
+        containers: vec![container],
+        volumes: Some(vec![
+            tun_volume(),
+            Volume {
+                name: "credential".into(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(pods::credentials_secret(topology)),
+                    // Only this worker's nodes' files, named as in the
+                    // Secret: an agent finds `<node>.crt`, `<node>.key`
+                    // and `ca.crt` beside its credential file `<node>`.
+                    items: Some(
+                        names
+                            .iter()
+                            .flat_map(|n| [files::token(n), files::cert(n), files::key(n)])
+                            .chain([files::CA.to_string()])
+                            .map(|key| KeyToPath {
+                                path: key.clone(),
+                                key,
+                                mode: Some(0o400),
+                            })
+                            .collect(),
+                    ),
+                    ..SecretVolumeSource::default()
+                }),
+                ..Volume::default()
+            },
+            scratch("netns"),
+            scratch("tmp"),
+        ]),
+        restart_policy: Some("Always".into()),
+        // Agents first, then every namespace: a few seconds for 50 nodes.
+        termination_grace_period_seconds: Some(30),
+        // The pause process is PID 1 and reaps what `kubectl exec` leaves
+        // running in the nodes; the worker reaps only its agents.
+        share_process_namespace: Some(true),
+        enable_service_links: Some(false),
+        automount_service_account_token: Some(false),
+        ..PodSpec::default()
+    };
+    let hash = spec_hash(&spec);
+    let mut labels = labels(topology, None);
+    labels.insert(WORKER_LABEL.to_string(), worker.to_string());
+    let mut metadata = owned_meta(owner, pods::worker_pod_name(topology, worker), labels);
+    metadata.annotations = Some(BTreeMap::from([
+        (SPEC_HASH.to_string(), hash),
+        (NODES_ANNOTATION.to_string(), names.join(",")),
+    ]));
+    Pod {
+        metadata,
+        spec: Some(spec),
+        ..Pod::default()
+    }
+}
+
+/// What the worker itself needs besides its nodes, added when the nodes set
+/// resources (the worker process, and commands run in the pod outside any node).
+const WORKER_CPU_MILLIS: u64 = 100;
+const WORKER_MEMORY_BYTES: u64 = 64 << 20;
+
+/// The sum of the nodes' resources, as requests; as limits only for the
+/// resources every node limits (a node without a limit must not be bounded by
+/// the others' sum). Each node's own limit is its cgroup inside the pod.
+fn worker_resources(nodes: &[&PlannedNode]) -> Option<ResourceRequirements> {
+    let cpu: Vec<Option<u64>> = nodes
+        .iter()
+        .map(|n| n.resources.cpu_millis.map(u64::from))
+        .collect();
+    let memory: Vec<Option<u64>> = nodes.iter().map(|n| n.resources.memory_bytes).collect();
+    let mut requests = BTreeMap::new();
+    let mut limits = BTreeMap::new();
+    for (key, values, overhead, unit) in [
+        ("cpu", &cpu, WORKER_CPU_MILLIS, "m"),
+        ("memory", &memory, WORKER_MEMORY_BYTES, ""),
+    ] {
+        let sum: u64 = values.iter().flatten().sum();
+        if sum == 0 {
+            continue;
+        }
+        let quantity = Quantity(format!("{}{unit}", sum + overhead));
+        requests.insert(key.to_string(), quantity.clone());
+        if values.iter().all(Option::is_some) {
+            limits.insert(key.to_string(), quantity);
+        }
+    }
+    (!requests.is_empty()).then(|| ResourceRequirements {
+        requests: Some(requests),
+        limits: (!limits.is_empty()).then_some(limits),
+        ..ResourceRequirements::default()
+    })
+}
+
+fn tun_volume() -> Volume {
+    Volume {
+        name: "tun".into(),
+        host_path: Some(HostPathVolumeSource {
+            path: "/dev/net/tun".into(),
+            type_: Some("CharDevice".into()),
+        }),
+        ..Volume::default()
     }
 }
 
@@ -441,6 +650,220 @@ mod tests {
             hash_of(&first[0]),
             hash_of(&grown[0]),
             "a new node restarts no pod"
+        );
+    }
+
+    const PACKED6: &str = include_str!("../../tests/fixtures/packed6.yaml");
+
+    fn worker_container(pod: &Pod) -> &Container {
+        &pod.spec.as_ref().expect("spec").containers[0]
+    }
+
+    fn arg<'a>(c: &'a Container, flag: &str) -> &'a str {
+        let args = c.args.as_ref().expect("args");
+        let at = args
+            .iter()
+            .position(|a| a == flag)
+            .unwrap_or_else(|| panic!("no {flag}"));
+        &args[at + 1]
+    }
+
+    #[test]
+    fn packed_topologies_get_one_worker_pod_per_share_of_nodes() {
+        let (_, pods) = built(PACKED6);
+        let names: Vec<String> = pods.iter().map(|p| p.name_any()).collect();
+        assert_eq!(names, ["packed6-worker-0", "packed6-worker-1"]);
+        for (w, pod) in pods.iter().enumerate() {
+            let owner = &pod.metadata.owner_references.as_ref().expect("owned")[0];
+            assert_eq!(
+                (owner.kind.as_str(), owner.controller),
+                ("Topology", Some(true))
+            );
+            assert_eq!(pod.labels()[TOPOLOGY_LABEL], "packed6");
+            assert_eq!(pod.labels()[WORKER_LABEL], w.to_string());
+            assert!(
+                !pod.labels().contains_key(NODE_LABEL),
+                "a worker is no node"
+            );
+            let spec = pod.spec.as_ref().expect("spec");
+            assert_eq!(
+                spec.hostname.as_deref(),
+                Some(format!("worker-{w}").as_str())
+            );
+            assert_eq!(spec.subdomain.as_deref(), Some("nm-packed6"));
+            assert_eq!(spec.host_aliases.as_ref().expect("aliases").len(), 6);
+            assert_eq!(spec.containers.len(), 1, "no user containers in a worker");
+        }
+        assert_eq!(
+            pods[0].annotations()[NODES_ANNOTATION],
+            "a,b,c",
+            "users find a node's worker"
+        );
+        assert_eq!(pods[1].annotations()[NODES_ANNOTATION], "d,e,f");
+        let c = worker_container(&pods[1]);
+        assert_eq!(
+            c.command.as_deref(),
+            Some(["nextmini".to_string(), "worker".to_string()].as_slice())
+        );
+        assert_eq!(arg(c, "--topology"), "packed6");
+        assert_eq!(arg(c, "--hub"), settings().hub_address);
+        let nodes = crate::runtime::packed::parse_nodes(arg(c, "--nodes")).expect("nodes");
+        let listed: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
+        assert_eq!(listed, ["d", "e", "f"]);
+        assert_eq!(nodes[0].socks, ["0.0.0.0:1080".parse().expect("addr")]);
+        assert_eq!(nodes[1].cpu_millis, Some(250));
+        assert_eq!(c.image.as_deref(), Some(settings().agent_image.as_str()));
+    }
+
+    #[test]
+    fn worker_pods_get_sys_admin_beside_net_admin_and_drop_everything_else() {
+        let (_, pods) = built(PACKED6);
+        let c = worker_container(&pods[0]);
+        let security = c.security_context.as_ref().expect("security context");
+        let caps = security.capabilities.as_ref().expect("capabilities");
+        assert_eq!(
+            caps.add.clone().unwrap_or_default(),
+            ["NET_ADMIN", "SYS_ADMIN"]
+        );
+        assert_eq!(caps.drop.clone().unwrap_or_default(), ["ALL"]);
+        assert_eq!(security.privileged, None, "not privileged");
+        assert_eq!(security.allow_privilege_escalation, Some(false));
+        assert_eq!(security.read_only_root_filesystem, Some(true));
+        let mounts: Vec<&str> = c
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| m.mount_path.as_str())
+            .collect();
+        for path in ["/dev/net/tun", "/var/run/nextmini", "/run/netns", "/tmp"] {
+            assert!(mounts.contains(&path), "{path} is mounted: {mounts:?}");
+        }
+        // Only the worker's own nodes' credentials.
+        let spec = pods[0].spec.as_ref().expect("spec");
+        let secret = spec
+            .volumes
+            .iter()
+            .flatten()
+            .find_map(|v| v.secret.as_ref())
+            .expect("credentials volume");
+        let items: Vec<(&str, &str)> = secret
+            .items
+            .iter()
+            .flatten()
+            .map(|i| (i.key.as_str(), i.path.as_str()))
+            .collect();
+        assert_eq!(
+            items,
+            [
+                ("a", "a"),
+                ("a.crt", "a.crt"),
+                ("a.key", "a.key"),
+                ("b", "b"),
+                ("b.crt", "b.crt"),
+                ("b.key", "b.key"),
+                ("c", "c"),
+                ("c.crt", "c.crt"),
+                ("c.key", "c.key"),
+                ("ca.crt", "ca.crt")
+            ]
+        );
+    }
+
+    #[test]
+    fn worker_resources_are_the_sum_of_their_nodes() {
+        let (_, pods) = built(PACKED6);
+        // Worker 0: only b sets resources, so a and c must not be bounded by
+        // b's limits: requests only.
+        let r0 = worker_container(&pods[0])
+            .resources
+            .clone()
+            .expect("resources");
+        let requests = r0.requests.expect("requests");
+        assert_eq!(requests["cpu"].0, format!("{}m", 500 + WORKER_CPU_MILLIS));
+        assert_eq!(
+            requests["memory"].0,
+            ((64u64 << 20) + WORKER_MEMORY_BYTES).to_string()
+        );
+        assert!(r0.limits.is_none());
+        // Worker 1: e and f limit cpu, d does not; only e limits memory.
+        let r1 = worker_container(&pods[1])
+            .resources
+            .clone()
+            .expect("resources");
+        assert_eq!(
+            r1.requests.expect("requests")["cpu"].0,
+            format!("{}m", 500 + WORKER_CPU_MILLIS)
+        );
+        assert!(r1.limits.is_none());
+        // Every node limits its cpu: the pod's limit is the sum.
+        let all = PACKED6.replace(
+            "    - name: d
+",
+            "    - name: d
+      resources: {cpu: 100m}
+",
+        );
+        let (_, pods) = built(&all);
+        let r1 = worker_container(&pods[1])
+            .resources
+            .clone()
+            .expect("resources");
+        let limits = r1.limits.expect("limits");
+        assert_eq!(limits["cpu"].0, format!("{}m", 600 + WORKER_CPU_MILLIS));
+        assert!(!limits.contains_key("memory"), "f has no memory limit");
+        // No node sets resources: none for the pod either.
+        let none = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: packed\n  generator: {line: {nodes: 3}}\n";
+        let (_, pods) = built(none);
+        assert!(worker_container(&pods[0]).resources.is_none());
+    }
+
+    #[test]
+    fn a_node_added_at_the_end_restarts_only_its_worker() {
+        let (_, before) = built(PACKED6);
+        let grown = PACKED6.replace(
+            "  links:
+",
+            "    - name: g
+  links:
+",
+        );
+        let (_, after) = built(&grown);
+        assert_eq!(after.len(), 3, "g opens worker 2");
+        assert_eq!(hash_of(&before[0]), hash_of(&after[0]));
+        assert_eq!(hash_of(&before[1]), hash_of(&after[1]));
+        assert_eq!(after[2].annotations()[NODES_ANNOTATION], "g");
+        // A changed node's worker is replaced, the other is not.
+        let (_, changed) = built(&PACKED6.replace("cpu: 500m", "cpu: 400m"));
+        assert_ne!(hash_of(&before[0]), hash_of(&changed[0]));
+        assert_eq!(hash_of(&before[1]), hash_of(&changed[1]));
+        // The pods to delete for restarted nodes are their workers.
+        let t = topology(PACKED6);
+        let v = validate(&assemble(&t, vec![], vec![]), "lab", None).expect("valid");
+        let (b, e) = ("b".to_string(), "e".to_string());
+        assert_eq!(
+            pods_hosting(&v.plan, &[&b, &e]),
+            ["packed6-worker-0", "packed6-worker-1"]
+        );
+        assert_eq!(pods_hosting(&v.plan, &[&b]), ["packed6-worker-0"]);
+        let (_, per_node) = built(SHAPED);
+        assert_eq!(per_node.len(), 3);
+        let v = validate(&assemble(&topology(SHAPED), vec![], vec![]), "lab", None).expect("valid");
+        assert_eq!(pods_hosting(&v.plan, &[&b]), ["line3-b"]);
+    }
+
+    #[test]
+    fn a_worker_image_in_the_spec_wins() {
+        let yaml = PACKED6.replace(
+            "  nodesPerWorker: 3
+",
+            "  nodesPerWorker: 3
+  workerImage: example.org/lab/worker:7
+",
+        );
+        let (_, pods) = built(&yaml);
+        assert_eq!(
+            worker_container(&pods[0]).image.as_deref(),
+            Some("example.org/lab/worker:7")
         );
     }
 

@@ -3,7 +3,7 @@
 //! names the object, the field and the reason; nothing running is touched.
 
 use crate::api::Topology;
-use crate::plan::{self, Manifest, Placement, Plan};
+use crate::plan::{self, LINK_PORT, Manifest, Packing, Placement, Plan};
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::Container;
 use std::collections::BTreeMap;
@@ -13,6 +13,8 @@ use std::collections::BTreeMap;
 pub struct Validated {
     pub plan: Plan,
     pub containers: BTreeMap<String, Vec<Container>>,
+    /// Packed placement: the image of the worker pods, when the spec names one.
+    pub worker_image: Option<String>,
 }
 
 /// Why a topology cannot run; shown as the reason and message of its
@@ -43,15 +45,13 @@ pub fn validate(
         reason: "InvalidSpec",
         message: errors.to_string(),
     })?;
-    let plan = plans.pop().ok_or_else(|| Invalid {
+    let mut plan = plans.pop().ok_or_else(|| Invalid {
         reason: "InvalidSpec",
         message: "the topology planned to nothing".into(),
     })?;
+    // Namespaces in a cluster are namespaces packed into worker pods.
     if plan.placement == Placement::Netns {
-        return Err(Invalid {
-            reason: "UnsupportedPlacement",
-            message: "spec.placement: netns (many nodes packed into a few pods) is not supported in a cluster yet; use pod-per-node or leave placement unset".into(),
-        });
+        plan.placement = Placement::Packed(Packing::default());
     }
     if let Some(runtime) = stored_runtime
         && runtime != pods::runtime_name(namespace)
@@ -68,7 +68,67 @@ pub fn validate(
         });
     }
     let containers = user_containers(topology)?;
-    Ok(Validated { plan, containers })
+    if let Some(packing) = plan.packing() {
+        packed_fits(topology, &plan, packing, &containers)?;
+    }
+    Ok(Validated {
+        plan,
+        containers,
+        worker_image: topology.spec.worker_image.clone(),
+    })
+}
+
+/// What packed placement cannot run: containers of a node (its namespace is
+/// inside a shared worker pod, where containers cannot join it) and SOCKS
+/// servers on the worker's link and relay ports.
+fn packed_fits(
+    topology: &Topology,
+    plan: &Plan,
+    packing: Packing,
+    containers: &BTreeMap<String, Vec<Container>>,
+) -> Result<(), Invalid> {
+    let field_of = |node: &str| {
+        topology
+            .spec
+            .nodes
+            .iter()
+            .position(|n| n.name == node)
+            .map_or_else(|| "spec.nodes".to_string(), |i| format!("spec.nodes[{i}]"))
+    };
+    if let Some(node) = containers.keys().next() {
+        return Err(Invalid {
+            reason: "InvalidSpec",
+            message: format!(
+                "{}.containers: placement packed runs nodes as network namespaces in shared worker pods, which containers cannot join; use placement: pod-per-node, or put your tools into spec.workerImage and run them with `kubectl exec <worker> -- nextmini exec {node} -- <command>`",
+                field_of(node)
+            ),
+        });
+    }
+    let nodes = u32::try_from(plan.nodes.len()).unwrap_or(u32::MAX);
+    let used = LINK_PORT
+        ..LINK_PORT.saturating_add(
+            u16::try_from(packing.busiest_worker(nodes).saturating_mul(2)).unwrap_or(u16::MAX),
+        );
+    for node in &plan.nodes {
+        if let Some((j, s)) = node
+            .socks
+            .iter()
+            .enumerate()
+            .find(|(_, s)| used.contains(&s.listen.port()))
+        {
+            return Err(Invalid {
+                reason: "InvalidSpec",
+                message: format!(
+                    "{}.socks[{j}].listen: port {} is one of the ports {}-{} the worker pods' links and relays use; choose another port",
+                    field_of(&node.name),
+                    s.listen.port(),
+                    used.start,
+                    used.end - 1
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn user_containers(topology: &Topology) -> Result<BTreeMap<String, Vec<Container>>, Invalid> {
@@ -150,13 +210,83 @@ mod tests {
     }
 
     #[test]
-    fn packed_placement_is_refused_with_the_field() {
+    fn namespaces_in_a_cluster_are_packed_into_workers() {
         let t = topology(
             "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: netns\n  nodes: [{name: a}]\n",
         );
-        let e = validate(&assemble(&t, vec![], vec![]), "lab", None).expect_err("must be refused");
-        assert_eq!(e.reason, "UnsupportedPlacement");
-        assert!(e.message.starts_with("spec.placement"));
+        let v = validate(&assemble(&t, vec![], vec![]), "lab", None).expect("valid");
+        assert_eq!(v.plan.packing(), Some(Packing::NodesPerWorker(50)));
+        let t = topology(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: packed\n  workers: 3\n  workerImage: example.org/tools:1\n  nodes: [{name: a}]\n",
+        );
+        let v = validate(&assemble(&t, vec![], vec![]), "lab", None).expect("valid");
+        assert_eq!(v.plan.packing(), Some(Packing::Workers(3)));
+        assert_eq!(v.worker_image.as_deref(), Some("example.org/tools:1"));
+    }
+
+    #[test]
+    fn packed_refuses_containers_and_socks_on_worker_ports_naming_the_field() {
+        let t = topology(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: packed\n  nodes:\n  - name: a\n  - name: b\n    containers: [{name: web, image: 'nginx:1'}]\n",
+        );
+        let e = validate(&assemble(&t, vec![], vec![]), "lab", None).expect_err("refused");
+        assert_eq!(e.reason, "InvalidSpec");
+        assert!(
+            e.message
+                .starts_with("spec.nodes[1].containers: placement packed"),
+            "{}",
+            e.message
+        );
+        // Three nodes per worker use ports 7100-7105.
+        let t = topology(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: packed\n  nodesPerWorker: 3\n  nodes:\n  - name: a\n  - name: b\n    socks: [{listen: '0.0.0.0:7105'}]\n  - name: c\n",
+        );
+        let e = validate(&assemble(&t, vec![], vec![]), "lab", None).expect_err("refused");
+        assert!(
+            e.message
+                .starts_with("spec.nodes[1].socks[0].listen: port 7105"),
+            "{}",
+            e.message
+        );
+        let fine = t.clone();
+        let mut fine = fine;
+        fine.spec.nodes[1].socks[0].listen = "0.0.0.0:7106".into();
+        assert!(validate(&assemble(&fine, vec![], vec![]), "lab", None).is_ok());
+    }
+
+    #[test]
+    fn packing_fields_need_packed_placement_and_fit_a_worker() {
+        let e = validate(
+            &assemble(
+                &topology(
+                    "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  workers: 2\n  nodes: [{name: a}]\n",
+                ),
+                vec![],
+                vec![],
+            ),
+            "lab",
+            None,
+        )
+        .expect_err("refused");
+        assert!(e.message.contains("spec.workers"), "{}", e.message);
+        assert!(e.message.contains("placement: packed"), "{}", e.message);
+        let e = validate(
+            &assemble(
+                &topology(
+                    "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: p}\nspec:\n  placement: packed\n  workers: 1\n  generator: {ring: {nodes: 1001}}\n",
+                ),
+                vec![],
+                vec![],
+            ),
+            "lab",
+            None,
+        )
+        .expect_err("refused");
+        assert!(
+            e.message.contains("spec.workers") && e.message.contains("at least 2 workers"),
+            "{}",
+            e.message
+        );
     }
 
     #[test]

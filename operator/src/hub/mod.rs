@@ -183,7 +183,7 @@ impl Hub {
         let mut view = TopologyView::new(plan, generation).with_routes(routes, rules);
         view.identity = store.link_identity(topology).await?;
         if let Some(runtime) = store.runtime_of(topology).await? {
-            view.underlay = crate::runtime::pods::underlay_of(topology, &runtime);
+            view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
         }
         Ok(Some(Arc::new(view)))
     }

@@ -34,6 +34,13 @@ pub enum Underlay {
     /// (`<node>.<service>.<namespace>.svc`), resolved by the dialer at each
     /// attempt, since a recreated pod gets a new address.
     PodDns { service: String, namespace: String },
+    /// Packed pods: every node's links and relay listen in its worker pod, on
+    /// ports of the node's own, reached through the worker's DNS name.
+    Packed {
+        service: String,
+        namespace: String,
+        packing: crate::plan::Packing,
+    },
 }
 
 impl Underlay {
@@ -43,6 +50,15 @@ impl Underlay {
             Underlay::PodDns { service, namespace } => {
                 format!("{}.{service}.{namespace}.svc:{LINK_PORT}", peer.name)
             }
+            Underlay::Packed {
+                service,
+                namespace,
+                packing,
+            } => {
+                let seat = packing.seat(peer.index);
+                let host = crate::runtime::pods::worker_hostname(seat.worker);
+                format!("{host}.{service}.{namespace}.svc:{}", seat.link_port())
+            }
         }
     }
 
@@ -50,6 +66,18 @@ impl Underlay {
         match self {
             Underlay::Bridge => format!("{}:{LINK_PORT}", me.underlay),
             Underlay::PodDns { .. } => format!("0.0.0.0:{LINK_PORT}"),
+            Underlay::Packed { packing, .. } => {
+                format!("0.0.0.0:{}", packing.seat(me.index).link_port())
+            }
+        }
+    }
+
+    /// Agents find a neighbour's relay at the same distance from its link
+    /// port as their own (`relay.rs`), so this stays one above the link port.
+    fn max_port(&self, me: &crate::plan::PlannedNode) -> u16 {
+        match self {
+            Underlay::Packed { packing, .. } => packing.seat(me.index).relay_port(),
+            _ => MAX_PORT,
         }
     }
 }
@@ -297,7 +325,7 @@ impl TopologyView {
                     .as_ref()
                     .map(|i| i.key_der.clone())
                     .unwrap_or_default(),
-                max_port: u32::from(MAX_PORT),
+                max_port: u32::from(self.underlay.max_port(me)),
                 socks: me.socks.iter().map(socks_listener).collect(),
             }),
             links,

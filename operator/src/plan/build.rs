@@ -4,19 +4,25 @@
 use super::address;
 use super::assemble::Draft;
 use super::model::{
-    Dataplane, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources, Transport,
+    Dataplane, Mapping, Packing, Placement, Plan, PlannedLink, PlannedNode, Resources, Transport,
 };
 use super::params::resolve;
 use crate::api;
 use crate::units::Size;
 
-impl From<api::Placement> for Placement {
-    fn from(p: api::Placement) -> Self {
-        match p {
-            api::Placement::Auto => Placement::Auto,
-            api::Placement::Netns => Placement::Netns,
-            api::Placement::PodPerNode => Placement::PodPerNode,
-        }
+/// `packed`, and `netns` with a packing set, pack; `netns` alone stays `netns`
+/// (a cluster packs it with the default packing).
+fn placement(spec: &api::TopologySpec) -> Placement {
+    let packing = match (spec.nodes_per_worker, spec.workers) {
+        (Some(n), _) => Some(Packing::NodesPerWorker(n)),
+        (None, Some(w)) => Some(Packing::Workers(w)),
+        (None, None) => None,
+    };
+    match spec.placement {
+        api::Placement::Auto => Placement::Auto,
+        api::Placement::PodPerNode => Placement::PodPerNode,
+        api::Placement::Netns => packing.map_or(Placement::Netns, Placement::Packed),
+        api::Placement::Packed => Placement::Packed(packing.unwrap_or_default()),
     }
 }
 
@@ -105,7 +111,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         topology: draft.name.to_owned(),
         overlay,
         underlay,
-        placement: spec.placement.into(),
+        placement: placement(spec),
         dataplane,
         report_interval_ms: spec
             .telemetry

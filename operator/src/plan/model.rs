@@ -35,6 +35,80 @@ pub enum Placement {
     Auto,
     Netns,
     PodPerNode,
+    /// Worker pods hosting many nodes each (a cluster); namespaces locally.
+    Packed(Packing),
+}
+
+/// How a packed topology's nodes are dealt to worker pods. A node's worker and
+/// slot follow from its index alone, so the hub and the operator agree without
+/// talking, and nodes added at the end move no other node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Packing {
+    /// Node i runs in worker i / n, slot i mod n.
+    NodesPerWorker(u32),
+    /// Node i runs in worker i mod n, slot i / n.
+    Workers(u32),
+}
+
+/// Nodes per worker when a packed topology sets neither `nodesPerWorker` nor `workers`.
+pub const DEFAULT_NODES_PER_WORKER: u32 = 50;
+/// At most this many nodes share a worker: each takes two ports of the pod's
+/// own (from [`LINK_PORT`] up), which must stay below the ephemeral range.
+pub const MAX_NODES_PER_WORKER: u32 = 1000;
+
+impl Default for Packing {
+    fn default() -> Self {
+        Packing::NodesPerWorker(DEFAULT_NODES_PER_WORKER)
+    }
+}
+
+/// Where a node of a packed topology runs: its worker and its place in it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Seat {
+    pub worker: u32,
+    pub slot: u32,
+}
+
+impl Seat {
+    /// The port the node's links are accepted on, in its worker pod.
+    pub fn link_port(self) -> u16 {
+        let offset = self.slot.min(MAX_NODES_PER_WORKER - 1) * 2;
+        LINK_PORT + u16::try_from(offset).unwrap_or(0)
+    }
+
+    /// The port of the node's max-mode relay, in its worker pod.
+    pub fn relay_port(self) -> u16 {
+        self.link_port() + 1
+    }
+}
+
+impl Packing {
+    pub fn seat(self, index: u32) -> Seat {
+        match self {
+            Packing::NodesPerWorker(n) => {
+                let n = n.max(1);
+                Seat {
+                    worker: index / n,
+                    slot: index % n,
+                }
+            }
+            Packing::Workers(n) => {
+                let n = n.max(1);
+                Seat {
+                    worker: index % n,
+                    slot: index / n,
+                }
+            }
+        }
+    }
+
+    /// The most nodes one worker hosts when the topology has `nodes` nodes.
+    pub fn busiest_worker(self, nodes: u32) -> u32 {
+        match self {
+            Packing::NodesPerWorker(n) => n.min(nodes),
+            Packing::Workers(n) => nodes.div_ceil(n.max(1)),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -409,6 +483,14 @@ pub struct NextHop {
 }
 
 impl Plan {
+    /// The packing of a topology whose nodes run in worker pods.
+    pub fn packing(&self) -> Option<Packing> {
+        match self.placement {
+            Placement::Packed(p) => Some(p),
+            _ => None,
+        }
+    }
+
     pub fn node(&self, name: &str) -> Option<&PlannedNode> {
         self.nodes.iter().find(|n| n.name == name)
     }

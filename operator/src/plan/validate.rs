@@ -17,6 +17,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     dataplane(draft, errors);
     address::check(draft, errors);
     let nodes = nodes(draft, errors);
+    packing(draft, errors);
     super::socks::check(draft, errors);
     params_check::check(draft, errors);
     let graph = links(draft, &nodes, errors);
@@ -52,6 +53,66 @@ fn dataplane(draft: &Draft, errors: &mut ValidationErrors) {
                 draft.doc.object.spec.telemetry.interval
             ),
         );
+    }
+}
+
+/// `nodesPerWorker` and `workers` (the API server checks the same with CEL, but
+/// local manifests never meet it).
+fn packing(draft: &Draft, errors: &mut ValidationErrors) {
+    use super::model::MAX_NODES_PER_WORKER;
+    use crate::api::Placement;
+    let spec = &draft.doc.object.spec;
+    let origin = &draft.doc.origin;
+    let packed = matches!(spec.placement, Placement::Packed | Placement::Netns);
+    for (field, set) in [
+        ("spec.nodesPerWorker", spec.nodes_per_worker.is_some()),
+        ("spec.workers", spec.workers.is_some()),
+        ("spec.workerImage", spec.worker_image.is_some()),
+    ] {
+        if set && !packed {
+            errors.push(
+                origin,
+                field,
+                "only packed placement has worker pods: set placement: packed, or remove this field",
+            );
+        }
+    }
+    if spec.nodes_per_worker.is_some() && spec.workers.is_some() {
+        errors.push(
+            origin,
+            "spec.workers",
+            "set nodesPerWorker or workers, not both",
+        );
+    }
+    if let Some(n) = spec.nodes_per_worker
+        && !(1..=MAX_NODES_PER_WORKER).contains(&n)
+    {
+        errors.push(
+            origin,
+            "spec.nodesPerWorker",
+            format!("must be between 1 and {MAX_NODES_PER_WORKER}, got {n}"),
+        );
+    }
+    if let Some(w) = spec.workers {
+        let nodes = u32::try_from(draft.nodes.len()).unwrap_or(u32::MAX);
+        if w == 0 {
+            errors.push(origin, "spec.workers", "must be at least 1");
+        } else if nodes.div_ceil(w) > MAX_NODES_PER_WORKER {
+            errors.push(
+                origin,
+                "spec.workers",
+                format!(
+                    "{w} workers for {nodes} nodes put {} nodes in one worker, more than {MAX_NODES_PER_WORKER}; use at least {} workers",
+                    nodes.div_ceil(w),
+                    nodes.div_ceil(MAX_NODES_PER_WORKER)
+                ),
+            );
+        }
+    }
+    if let Some(image) = &spec.worker_image
+        && image.trim().is_empty()
+    {
+        errors.push(origin, "spec.workerImage", "must name an image");
     }
 }
 

@@ -108,6 +108,55 @@ pub fn create(group: &str, resources: &Resources) -> Result<bool, RuntimeError> 
     Ok(true)
 }
 
+/// Inside a container (a packed worker pod): makes the pod's own cgroups
+/// writable, so nodes get groups of their own below them. Container runtimes
+/// mount each cgroup v1 controller read-only as a bind mount of the container's
+/// group; a remount of that bind mount (CAP_SYS_ADMIN) makes it writable and
+/// changes nothing else. Children's limits are bounded by the pod's.
+///
+/// cgroup v2 is refused: there the container's group would have to hand its
+/// processes to a leaf before it can enable controllers for children, and
+/// every later `kubectl exec` would then fail to join it.
+pub fn prepare_nested() -> Result<(), RuntimeError> {
+    use nix::mount::{MsFlags, mount};
+    match version() {
+        Some(Version::V1) => {}
+        Some(Version::V2) => {
+            return Err(RuntimeError::Conflict(
+                "per-node limits in a worker pod need cgroup v1; on cgroup v2 the pod's own limits (the sum of its nodes') apply".into(),
+            ));
+        }
+        None => {
+            return Err(RuntimeError::Conflict(
+                "no cgroup hierarchy is mounted at /sys/fs/cgroup".into(),
+            ));
+        }
+    }
+    for controller in ["cpu", "memory"] {
+        let dir = Path::new(ROOT).join(controller);
+        let writable =
+            nix::unistd::access(&dir, nix::unistd::AccessFlags::W_OK).is_ok() && !read_only(&dir);
+        if writable {
+            continue;
+        }
+        let flags = MsFlags::MS_REMOUNT
+            | MsFlags::MS_BIND
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV
+            | MsFlags::MS_NOEXEC;
+        mount(None::<&str>, &dir, None::<&str>, flags, None::<&str>).map_err(|e| {
+            RuntimeError::io(format!("remounting {} writable", dir.display()), e.into())
+        })?;
+    }
+    Ok(())
+}
+
+/// Whether the file system holding `dir` is mounted read-only.
+fn read_only(dir: &Path) -> bool {
+    nix::sys::statvfs::statvfs(dir)
+        .is_ok_and(|s| s.flags().contains(nix::sys::statvfs::FsFlags::ST_RDONLY))
+}
+
 /// Moves a process into the node's group, if the group exists.
 pub fn join(group: &str, pid: u32) -> Result<(), RuntimeError> {
     for (dir, _) in dirs(group) {

@@ -7,9 +7,11 @@ pub mod cgroup;
 pub mod names;
 pub mod netlink;
 pub mod netns;
+pub mod packed;
 pub mod pods;
 pub mod process;
 pub mod supervise;
+pub mod worker;
 
 use crate::plan::Plan;
 use std::collections::BTreeMap;

@@ -64,8 +64,9 @@ pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
     Ok(child.id())
 }
 
-/// Pids of processes whose command line contains `--netns <ns>` for a namespace
-/// starting with `netns_prefix`: the agents of one topology, whoever started them.
+/// Pids of processes whose command line contains `--netns <ns>` (or
+/// `--tun-netns <ns>`, as a packed worker starts them) for a namespace starting
+/// with `netns_prefix`: the agents of one topology, whoever started them.
 pub fn find_agents(netns_prefix: &str) -> Vec<u32> {
     let Ok(proc_dir) = std::fs::read_dir("/proc") else {
         return vec![];
@@ -84,9 +85,10 @@ pub fn find_agents(netns_prefix: &str) -> Vec<u32> {
         };
         let args: Vec<&[u8]> = raw.split(|b| *b == 0).collect();
         let is_agent = args.first().is_some_and(|a| a.ends_with(b"nextmini-agent"));
-        let in_topology = args
-            .windows(2)
-            .any(|w| w[0] == b"--netns" && w[1].starts_with(netns_prefix.as_bytes()));
+        let in_topology = args.windows(2).any(|w| {
+            (w[0] == b"--netns" || w[0] == b"--tun-netns")
+                && w[1].starts_with(netns_prefix.as_bytes())
+        });
         if is_agent && in_topology {
             pids.push(pid);
         }
@@ -145,7 +147,9 @@ pub fn find_agents_in(netns: &str) -> Vec<u32> {
                 raw.split(|b| *b == 0)
                     .collect::<Vec<_>>()
                     .windows(2)
-                    .any(|w| w[0] == b"--netns" && w[1] == netns.as_bytes())
+                    .any(|w| {
+                        (w[0] == b"--netns" || w[0] == b"--tun-netns") && w[1] == netns.as_bytes()
+                    })
             })
         })
         .collect()

@@ -4,7 +4,8 @@
 
 use super::{Result, StoreError};
 use crate::plan::{
-    Dataplane, LinkParams, Mapping, Placement, Plan, PlannedLink, PlannedNode, Resources, Transport,
+    Dataplane, LinkParams, Mapping, Packing, Placement, Plan, PlannedLink, PlannedNode, Resources,
+    Transport,
 };
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::BTreeMap;
@@ -270,11 +271,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         topology: name.to_string(),
         overlay,
         underlay,
-        placement: match t.get::<String, _>("placement").as_str() {
-            "pod-per-node" => Placement::PodPerNode,
-            "auto" => Placement::Auto,
-            _ => Placement::Netns,
-        },
+        placement: parse_placement(&t.get::<String, _>("placement")),
         dataplane: Dataplane {
             processors: t.get::<i32, _>("processors") as u32,
             mapping: if t.get::<String, _>("mapping") == "concurrent" {
@@ -299,11 +296,39 @@ fn params_json(plan: &Plan, p: &LinkParams) -> Result<String> {
     })
 }
 
-pub fn placement_str(p: Placement) -> &'static str {
+/// `topologies.placement`: the placement, and for packed ones the packing
+/// (`packed:nodesPerWorker=50`, `packed:workers=4`), which the hub needs to
+/// name every node's worker pod and ports.
+pub fn placement_str(p: Placement) -> String {
     match p {
-        Placement::Auto => "auto",
-        Placement::Netns => "netns",
-        Placement::PodPerNode => "pod-per-node",
+        Placement::Auto => "auto".into(),
+        Placement::Netns => "netns".into(),
+        Placement::PodPerNode => "pod-per-node".into(),
+        Placement::Packed(Packing::NodesPerWorker(n)) => format!("packed:nodesPerWorker={n}"),
+        Placement::Packed(Packing::Workers(n)) => format!("packed:workers={n}"),
+    }
+}
+
+/// The inverse of [`placement_str`]; anything unknown reads as `netns`, the
+/// placement of rows older than the column's other values.
+pub fn parse_placement(s: &str) -> Placement {
+    let number = |v: &str| v.parse::<u32>().ok().filter(|n| *n > 0);
+    match s {
+        "pod-per-node" => Placement::PodPerNode,
+        "auto" => Placement::Auto,
+        "packed" => Placement::Packed(Packing::default()),
+        other => match other
+            .strip_prefix("packed:")
+            .and_then(|p| p.split_once('='))
+        {
+            Some(("nodesPerWorker", v)) => number(v).map_or(Placement::Netns, |n| {
+                Placement::Packed(Packing::NodesPerWorker(n))
+            }),
+            Some(("workers", v)) => {
+                number(v).map_or(Placement::Netns, |n| Placement::Packed(Packing::Workers(n)))
+            }
+            _ => Placement::Netns,
+        },
     }
 }
 
@@ -318,5 +343,29 @@ pub fn transport_str(t: Transport) -> &'static str {
     match t {
         Transport::Tcp => "tcp",
         Transport::Quic => "quic",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placements_round_trip_through_their_column() {
+        for p in [
+            Placement::Auto,
+            Placement::Netns,
+            Placement::PodPerNode,
+            Placement::Packed(Packing::NodesPerWorker(50)),
+            Placement::Packed(Packing::Workers(3)),
+        ] {
+            assert_eq!(parse_placement(&placement_str(p)), p, "{p:?}");
+        }
+        assert_eq!(
+            placement_str(Placement::Packed(Packing::Workers(3))),
+            "packed:workers=3"
+        );
+        assert_eq!(parse_placement("packed:workers=0"), Placement::Netns);
+        assert_eq!(parse_placement("packed:cores=2"), Placement::Netns);
     }
 }

@@ -319,7 +319,7 @@ impl Local {
 }
 
 /// `nextmini-agent` next to this binary, or $NEXTMINI_AGENT_BIN.
-fn agent_binary() -> anyhow::Result<PathBuf> {
+pub fn agent_binary() -> anyhow::Result<PathBuf> {
     if let Some(p) = std::env::var_os("NEXTMINI_AGENT_BIN") {
         return Ok(PathBuf::from(p));
     }

@@ -9,6 +9,7 @@ mod status;
 mod tools;
 mod top;
 mod up;
+mod worker;
 
 use clap::{Parser, Subcommand};
 use std::path::PathBuf;
@@ -49,8 +50,9 @@ enum Command {
     /// names resolve to overlay addresses).
     Exec {
         node: String,
-        /// Topology of the node (needed only when several are running).
-        #[arg(short, long)]
+        /// Topology of the node (needed only when several are running; a
+        /// packed worker pod sets NEXTMINI_TOPOLOGY).
+        #[arg(short, long, env = "NEXTMINI_TOPOLOGY")]
         topology: Option<String>,
         /// The command and its arguments.
         #[arg(last = true, required = true)]
@@ -77,6 +79,10 @@ enum Command {
         #[command(subcommand)]
         action: DbAction,
     },
+    /// Run a packed worker pod's share of nodes: a network namespace and an
+    /// agent per node, restarted when it dies (the operator starts this in
+    /// each worker pod).
+    Worker(worker::WorkerArgs),
     #[command(flatten)]
     Tools(tools::Tools),
 }
@@ -139,6 +145,7 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         local.down(&topologies, all).await.map(|()| 0)
                     }
                     Command::Status(args) => status::status(&local, args).await,
+                    Command::Worker(args) => worker::run(args).await,
                     Command::Results(args) => results::results(&local, args).await,
                     Command::Hub { background: false } => local.run_hub().await.map(|()| 0),
                     Command::Hub { background: true } => local.ensure_hub().map(|()| 0),
