@@ -18,6 +18,8 @@ APISERVER=https://$NODE_IP:6443
 ETCD_PORT=12379
 DNS_PORT=10053
 WAIT_SECS=${NEXTMINI_K8S_WAIT:-120}
+# Free disk below which the kubelet reports disk pressure and evicts.
+DISK_RESERVE=${NEXTMINI_K8S_DISK_RESERVE:-512Mi}
 
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl \
   containerd containerd-shim-runc-v2 ctr runc coredns pause mkimage; do
@@ -309,10 +311,12 @@ rotateCertificates: false
 serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
+# Absolute disk floors: 1% of a large disk shared with builds is gigabytes, and
+# a node under disk pressure schedules nothing.
 evictionHard:
   memory.available: 100Mi
-  nodefs.available: 1%
-  imagefs.available: 1%
+  nodefs.available: $DISK_RESERVE
+  imagefs.available: $DISK_RESERVE
   nodefs.inodesFree: 1%
 maxPods: 110
 EOF

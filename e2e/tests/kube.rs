@@ -527,8 +527,7 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         "-l",
         "nextmini.io/topology=packed6",
         "-o",
-        r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.annotations.nextmini\.io/nodes}{"
-"}{end}"#,
+        r#"jsonpath={range .items[*]}{.metadata.name}={.metadata.annotations.nextmini\.io/nodes}{"\n"}{end}"#,
     ]);
     let mut pods: Vec<&str> = pods.lines().collect();
     pods.sort();
