@@ -493,6 +493,7 @@ impl Control for Hub {
                 last_seen: last_seen.clone(),
                 topology_id,
                 report_interval_ms: view.plan.report_interval_ms,
+                metrics: self.inner.metrics.clone(),
             };
             if !entry.send(pb::controller_message::Msg::Snapshot(snapshot)) {
                 return Err(Status::internal("session closed"));

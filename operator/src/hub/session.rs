@@ -22,23 +22,32 @@ pub(super) struct SessionEntry {
     pub last_seen: Arc<AtomicU64>,
     pub topology_id: i64,
     pub report_interval_ms: u32,
+    pub metrics: Arc<crate::observe::HubMetrics>,
 }
 
 impl SessionEntry {
     /// Queues a message without waiting. False when the queue is full or the
     /// stream is gone: the agent will reconnect and be sent a snapshot.
     pub fn send(&self, msg: pb::controller_message::Msg) -> bool {
-        let ok = self
+        let sent = self
             .tx
-            .try_send(Ok(pb::ControllerMessage { msg: Some(msg) }))
-            .is_ok();
-        if !ok {
-            tracing::warn!(
-                session = self.id,
-                "session queue full or closed; agent resyncs on reconnect"
-            );
-        }
-        ok
+            .try_send(Ok(pb::ControllerMessage { msg: Some(msg) }));
+        let Err(e) = sent else {
+            return true;
+        };
+        let why = match e {
+            mpsc::error::TrySendError::Full(_) => crate::observe::MessageDrop::QueueFull,
+            mpsc::error::TrySendError::Closed(_) => crate::observe::MessageDrop::Closed,
+        };
+        // Counted, so a hub shedding load says so. The session keeps the config
+        // the agent has, so its next delta starts from there.
+        self.metrics.control_message_dropped(why);
+        tracing::warn!(
+            session = self.id,
+            reason = why.as_str(),
+            "control message not queued; the agent catches up with the next change or on reconnect"
+        );
+        false
     }
 }
 
