@@ -215,7 +215,9 @@ fn names(message: &str, field: &str, by: RefusedBy) -> bool {
     let mut path = field;
     while let Some(cut) = path.rfind(['.', '[']) {
         path = &path[..cut];
-        if path.contains('.') && message.contains(path) && message.contains(leaf) {
+        let named =
+            message.contains(path) && (path.contains('.') || message.contains(&format!("{path}:")));
+        if named && message.contains(leaf) {
             return true;
         }
     }
@@ -434,6 +436,32 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
     verdicts
 }
 
+/// Files the cluster does not refuse yet, and why; RELIABILITY.md lists them
+/// too. The suite fails when another file joins them, and when one is fixed
+/// (then it leaves this list).
+pub const KNOWN_GAPS: [(&str, &str); 5] = [
+    (
+        "034-link-unknown-topology.yaml",
+        "a Link naming a Topology that does not exist has no Topology to carry a condition, and gets no status of its own",
+    ),
+    (
+        "041-rate-absurd.yaml",
+        "the CRD pattern admits 900Tbit; the operator's typed Rate refuses to decode the Link, so the reconcile fails before validation and no condition is written",
+    ),
+    (
+        "042-rate-bytes-per-second.yaml",
+        "the CRD pattern admits 10MBps; the operator's typed Rate refuses it (bytes per second) while decoding, as above",
+    ),
+    (
+        "046-loss-over-100.yaml",
+        "the CRD pattern admits 150%; the operator's typed Percent refuses it while decoding, as above",
+    ),
+    (
+        "067-pool-not-a-cidr.yaml",
+        "the CRD admits any string as a pool; the operator's typed Ipv4Cidr refuses 10.0.0.300/16 while decoding the Topology, as above",
+    ),
+];
+
 /// The Markdown table of how each file was refused.
 pub fn table(verdicts: &[Verdict]) -> String {
     let mut out = String::from(
@@ -455,4 +483,95 @@ pub fn table(verdicts: &[Verdict]) -> String {
         ));
     }
     out
+}
+
+/// What the cluster suite reads from the corpus, checked without a cluster.
+#[test]
+fn corpus_files_are_read_as_the_cluster_suite_needs() {
+    let files = corpus();
+    let twice: Vec<String> = files
+        .iter()
+        .filter(|p| !duplicate_objects(p).is_empty())
+        .map(|p| p.file_name().expect("name").to_string_lossy().to_string())
+        .collect();
+    assert_eq!(
+        twice,
+        ["022-duplicate-link-name.yaml", "024-duplicate-flow.yaml"]
+    );
+
+    let scratch =
+        std::env::temp_dir().join(format!("nextmini-corpus-order-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).expect("scratch");
+    let flow = files
+        .iter()
+        .find(|p| p.ends_with("075-flow-disconnected.yaml"))
+        .expect("075");
+    let sent = std::fs::read_to_string(topology_last(flow, &scratch)).expect("reordered");
+    let (link, flow_at, topology) = (
+        sent.find("kind: Link").expect("Link"),
+        sent.find("kind: Flow").expect("Flow"),
+        sent.find("kind: Topology").expect("Topology"),
+    );
+    assert!(link < topology && flow_at < topology, "{sent}");
+    assert_eq!(sent.matches("\n---\n").count(), 2, "{sent}");
+    let single = files
+        .iter()
+        .find(|p| p.ends_with("001-missing-api-version.yaml"))
+        .expect("001");
+    assert_eq!(&topology_last(single, &scratch), single);
+    let _ = std::fs::remove_dir_all(&scratch);
+
+    let api = RefusedBy::ApiServer;
+    for (message, field, by, named) in [
+        (
+            r#"The Topology "t" is invalid: spec.nodes[1]: Duplicate value: {"name":"a"}"#,
+            "spec.nodes[1].name",
+            api,
+            true,
+        ),
+        (
+            r#"The Flow "f" is invalid: spec: Invalid value: "object": src and dst must be different nodes"#,
+            "spec.dst",
+            api,
+            true,
+        ),
+        (
+            r#"The Link "a-b" is invalid: spec.queue.aqm.red: Invalid value: "object": red: min must be less than max"#,
+            "spec.queue.aqm.red.min",
+            api,
+            true,
+        ),
+        (
+            r#"no matches for kind "Topology" in version "nextmini.io/v2""#,
+            "apiVersion",
+            RefusedBy::Kubectl,
+            true,
+        ),
+        (
+            r#"Name: "", Namespace: "x": resource name may not be empty"#,
+            "metadata.name",
+            RefusedBy::Kubectl,
+            true,
+        ),
+        (
+            "link/a-b: spec.rate: must be greater than 0",
+            "spec.rate",
+            RefusedBy::Operator,
+            true,
+        ),
+        (
+            r#"The Link "a-b" is invalid: spec.delay: Invalid value"#,
+            "spec.rate",
+            api,
+            false,
+        ),
+        (
+            "planned: the spec is valid",
+            "spec.topology",
+            RefusedBy::Nobody,
+            false,
+        ),
+    ] {
+        assert_eq!(names(message, field, by), named, "{field} in {message:?}");
+    }
 }
