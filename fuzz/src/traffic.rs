@@ -163,6 +163,7 @@ impl Driver {
             data: BytesMut::from(&data[..]),
             label: 0,
             hops: 0,
+            offload: Default::default(),
         };
         self.offered += 1;
         match self.pipeline.enqueue(packet, meta, self.now) {
