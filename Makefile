@@ -58,10 +58,37 @@ e2e: setup
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e -- --test-threads=1 --nocapture
 
 # Longer experiments whose figures are in BENCHMARKS.md; not part of `make test`.
-# The synthetic-flow suite runs at full scale with NEXTMINI_BENCH=1 (about 15 min).
+# Each part writes bench/results/<part>.json; bench/plot.py then draws
+# bench/results/hops.png and regenerates the marked section of BENCHMARKS.md
+# from every stored result, so one part can be rerun alone:
+#   make bench BENCH=hops HOPS="1 2 4"
+# Parts:
+#   flows   the synthetic-flow suite at full scale (NEXTMINI_BENCH=1, about 15 min)
+#   hops    curl <- http.server through TUN and SOCKS5 (normal, max) at HOPS hops,
+#           against a kernel-forwarding chain and loopback (about 10 min)
+#   memory  RSS and PSS of an idle agent and of one with 10 links (1 min)
+#   scale   start-up of SCALE nodes, then a change fanning out to the largest (about 5 min)
+BENCH ?= flows hops memory scale
+HOPS ?= 1 2 4 8 16 40
+SCALE ?= 100 500 1000
+BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench: setup
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale)" >&2; exit 2 ;; esac; done
+	@bench/setup.sh
 	$(CARGO) build --workspace --release --bins
-	NEXTMINI_BENCH=1 NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture
+	$(CARGO) build --release -p nextmini-e2e --examples
+	@set -e; export NEXTMINI_BIN_DIR=$(BENCH_TARGET_DIR)/release; \
+	for part in $(BENCH); do \
+	  echo "== make bench: $$part"; \
+	  case $$part in \
+	    flows) NEXTMINI_BENCH=1 $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture ;; \
+	    hops) $(BENCH_TARGET_DIR)/release/examples/bench_hops $(HOPS) ;; \
+	    memory) $(BENCH_TARGET_DIR)/release/examples/bench_memory ;; \
+	    scale) $(BENCH_TARGET_DIR)/release/examples/bench_scale $(SCALE) ;; \
+	  esac; \
+	done
+	/usr/bin/python3 bench/plot.py
 
 # Fuzz smoke run: builds the cargo-fuzz targets (nightly, or stable with
 # RUSTC_BOOTSTRAP=1) and runs each for FUZZ_SECONDS (default 20). See fuzz/README.md.
