@@ -159,10 +159,11 @@ def section_memory(mem):
         "```",
         "",
         f"Median of 5 samples 1 s apart, 3 s after the snapshot was acknowledged; measured {p['measured_at']} at commit {p['git_commit']}. "
-        "PSS divides pages shared with other processes (the agent binary's code, libc) among them, so it falls as more agents run.",
+        "PSS divides pages shared with other processes (the agent binary's code, libc) among them, so it falls as more agents run; "
+        "USS counts only the pages no other process maps.",
         "",
-        "| agent | RSS | of which file-backed | of which anonymous | PSS | threads |",
-        "|---|---|---|---|---|---|",
+        "| agent | RSS | of which file-backed | of which anonymous | PSS | USS (its own pages) | threads |",
+        "|---|---|---|---|---|---|---|",
     ]
     for key, label in [
         ("idle", "idle: the only node of a topology, no links"),
@@ -171,7 +172,7 @@ def section_memory(mem):
     ]:
         m = a[key]
         out.append(
-            f"| {label} | {mib(m['rss'])} | {mib(m['rss_file'])} | {mib(m['rss_anon'])} | {mib(m['pss'])} | {m['threads']} |"
+            f"| {label} | {mib(m['rss'])} | {mib(m['rss_file'])} | {mib(m['rss_anon'])} | {mib(m['pss'])} | {mib(m.get('uss', 0))} | {m['threads']} |"
         )
     out += [
         "",
@@ -204,7 +205,7 @@ def section_startup(st):
         "(a one-node topology stays up). The phases are the first 100 ms sample at which all N namespaces existed, all N agents "
         f"had a recorded pid, were connected to the hub, and had acknowledged. Measured {p['measured_at']} at commit {p['git_commit']}.",
         "",
-        "| nodes | `up` returned | all namespaces | all agents started | all connected | all acknowledged | `down` | agent RSS / PSS (median) | PSS of all agents |",
+        "| nodes | `up` returned | all namespaces | all agents started | all connected | all acknowledged | `down` | agent RSS / PSS / USS (median) | PSS of all agents |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in st["rows"]:
@@ -214,7 +215,7 @@ def section_startup(st):
             f"| {r['nodes']} | {fmt(r['up_seconds'], 1, ' s')} | {fmt(ph.get('all_namespaces_s'), 1, ' s')} "
             f"| {fmt(ph.get('all_agents_started_s'), 1, ' s')} | {fmt(ph.get('all_connected_s'), 1, ' s')} "
             f"| {fmt(ph.get('all_acknowledged_s'), 1, ' s')} | {fmt(r.get('down_seconds'), 1, ' s')} "
-            f"| {mib(m['median']['rss'])} / {mib(m['median']['pss'])} | {mib(m['total_pss_bytes'])} |"
+            f"| {mib(m['median']['rss'])} / {mib(m['median']['pss'])} / {mib(m['median'].get('uss', 0))} | {mib(m['total_pss_bytes'])} |"
         )
     out += ["", "Progress bars of `up` as a terminal showed them:", "", "| nodes | bar | redraws that moved it | longest standstill | last position |", "|---|---|---|---|---|"]
     for r in st["rows"]:

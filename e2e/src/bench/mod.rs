@@ -92,9 +92,10 @@ pub fn timed_transfer(cmd: &mut Command, expected: u64) -> anyhow::Result<Transf
     Ok(Transfer { bytes, seconds })
 }
 
-/// Resident memory of a process, in bytes: RSS from /proc/PID/status and the
-/// proportional set size (shared pages divided among their users) from
-/// /proc/PID/smaps_rollup.
+/// Resident memory of a process, in bytes: RSS from /proc/PID/status; from
+/// /proc/PID/smaps_rollup the proportional set size (shared pages divided
+/// among their users) and the unique set size (pages no other process maps:
+/// what the process alone costs).
 #[derive(Debug, Clone, Copy, Default, serde::Serialize)]
 pub struct Memory {
     pub rss: u64,
@@ -104,6 +105,7 @@ pub struct Memory {
     pub pss: u64,
     pub pss_anon: u64,
     pub pss_file: u64,
+    pub uss: u64,
     pub threads: u64,
 }
 
@@ -122,6 +124,7 @@ impl Memory {
             pss: m(|x| x.pss),
             pss_anon: m(|x| x.pss_anon),
             pss_file: m(|x| x.pss_file),
+            uss: m(|x| x.uss),
             threads: m(|x| x.threads),
         }
     }
@@ -150,6 +153,7 @@ pub fn memory_of(pid: i32) -> anyhow::Result<Memory> {
         pss: kb(&rollup, "Pss")?,
         pss_anon: kb(&rollup, "Pss_Anon")?,
         pss_file: kb(&rollup, "Pss_File")?,
+        uss: kb(&rollup, "Private_Clean")? + kb(&rollup, "Private_Dirty")?,
         threads: kb_field(&status, "Threads").unwrap_or(0),
     })
 }
@@ -297,6 +301,7 @@ mod tests {
     fn own_memory_is_readable() {
         let m = memory_of(std::process::id() as i32).expect("own memory");
         assert!(m.rss > 0 && m.pss > 0 && m.pss <= m.rss + 4096);
+        assert!(m.uss > 0 && m.uss <= m.pss + 4096);
         assert!(
             !rss_by_mapping(std::process::id() as i32)
                 .expect("smaps")
