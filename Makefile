@@ -71,15 +71,43 @@ e2e: setup
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e -- --test-threads=1 --nocapture
 
 # Longer experiments whose figures are in BENCHMARKS.md; not part of `make test`.
-# The synthetic-flow suite runs at full scale with NEXTMINI_BENCH=1 (about 15 min).
+# Each part writes bench/results/<part>.json; bench/plot.py then draws
+# bench/results/hops.png and regenerates the marked section of BENCHMARKS.md
+# from every stored result, so one part can be rerun alone:
+#   make bench BENCH=hops HOPS="1 2 4"
+# Parts:
+#   flows   the synthetic-flow suite at full scale (NEXTMINI_BENCH=1, about 15 min)
+#   hops    curl <- http.server through TUN and SOCKS5 (normal, max) at HOPS hops,
+#           against a kernel-forwarding chain and loopback (about 10 min)
+#   memory  RSS and PSS of an idle agent and of one with 10 links (1 min)
+#   scale   start-up of SCALE nodes, then a change fanning out to the largest (about 5 min)
+#   load    LOAD_ARGS agents reporting to one hub (RELIABILITY.md; about 7 min)
+BENCH ?= flows hops memory scale load
+HOPS ?= 1 2 4 8 16 40
+SCALE ?= 100 500 1000
+LOAD_ARGS ?= 1000 300 100
+BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench: setup
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load)" >&2; exit 2 ;; esac; done
+	@bench/setup.sh
 	$(CARGO) build --workspace --release --bins
-	NEXTMINI_BENCH=1 NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture
-	$(MAKE) --no-print-directory bench-load
+	$(CARGO) build --release -p nextmini-e2e --examples
+	@set -e; export NEXTMINI_BIN_DIR=$(BENCH_TARGET_DIR)/release; \
+	for part in $(BENCH); do \
+	  echo "== make bench: $$part"; \
+	  case $$part in \
+	    flows) NEXTMINI_BENCH=1 $(CARGO) test -p nextmini-e2e --test synthetic_flows -- --test-threads=1 --nocapture ;; \
+	    hops) $(BENCH_TARGET_DIR)/release/examples/bench_hops $(HOPS) ;; \
+	    memory) $(BENCH_TARGET_DIR)/release/examples/bench_memory ;; \
+	    scale) $(BENCH_TARGET_DIR)/release/examples/bench_scale $(SCALE) ;; \
+	    load) $(BENCH_TARGET_DIR)/release/examples/control_load $(LOAD_ARGS) ;; \
+	  esac; \
+	done
+	/usr/bin/python3 bench/plot.py
 
 # Control-plane load (RELIABILITY.md): 1,000 agents reporting every 100 ms to one
 # hub for 5 minutes (about 7 min in all). LOAD_ARGS: agents, seconds, interval in ms.
-LOAD_ARGS ?= 1000 300 100
 bench-load: setup
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --release -p nextmini-e2e --example control_load -- $(LOAD_ARGS)

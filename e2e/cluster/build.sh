@@ -207,3 +207,12 @@ wait "$k8s_pid" || k8s_rc=$?
 log "binaries in $BIN:"
 (cd "$BIN" && ls -1 | grep -v '^cni$' | tr '\n' ' ' && echo && echo "cni: $(ls "$CNI_BIN" | tr '\n' ' ')") >&2
 log "total build time: $((SECONDS - _T0))s"
+
+# The module and build caches (about 9 GB) only serve a later rebuild, which
+# happens when a pinned version changes; CI's disk cannot spare them beside the
+# Rust builds. NEXTMINI_K8S_KEEP_GO_CACHE=1 keeps them for work on this script.
+if [[ ${NEXTMINI_K8S_KEEP_GO_CACHE:-0} != 1 ]] && [[ -d $GOCACHE || -d $GOMODCACHE ]]; then
+  log "removing the Go caches: $(du -sch "$GOCACHE" "$GOMODCACHE" 2>/dev/null | tail -n1 | cut -f1)"
+  $GO clean -modcache >/dev/null 2>&1 || chmod -R u+w "$GOMODCACHE"
+  rm -rf "$GOCACHE" "$GOMODCACHE"
+fi

@@ -3,6 +3,7 @@
 //! interfaces, processes, rows) to check what it left behind. Dropping an [`Env`]
 //! tears everything down, also when a test fails.
 
+pub mod bench;
 pub mod kube;
 pub mod load;
 

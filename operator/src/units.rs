@@ -166,6 +166,24 @@ fn best_unit<'a>(value: u128, units: &[(&'a str, u128)]) -> (&'a str, u128) {
 /// `JsonSchema` with a pattern for a unit type.
 macro_rules! string_unit {
     ($ty:ty, $name:literal, $pattern:expr, $description:literal) => {
+        string_unit!(@impl $ty, $name, $description, json_schema!({
+            "type": "string",
+            "pattern": $pattern,
+            "description": $description,
+        }));
+    };
+    // With a CEL rule for the API server, for a bound a pattern cannot express.
+    ($ty:ty, $name:literal, $pattern:expr, $description:literal, $rule:expr, $message:expr) => {
+        string_unit!(@impl $ty, $name, $description, json_schema!({
+            "type": "string",
+            "pattern": $pattern,
+            // Bounds the cost the API server estimates for the rule.
+            "maxLength": 64,
+            "description": $description,
+            "x-kubernetes-validations": [{ "rule": $rule, "message": $message }],
+        }));
+    };
+    (@impl $ty:ty, $name:literal, $description:literal, $schema:expr) => {
         impl Serialize for $ty {
             fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
                 serializer.collect_str(self)
@@ -196,11 +214,7 @@ macro_rules! string_unit {
                 $name.into()
             }
             fn json_schema(_: &mut SchemaGenerator) -> Schema {
-                json_schema!({
-                    "type": "string",
-                    "pattern": $pattern,
-                    "description": $description,
-                })
+                $schema
             }
         }
     };
@@ -295,7 +309,10 @@ const RATE_PREFIXES: &[(&str, u128)] = &[
 ];
 const RATE_EXPECTED: &str =
     "bit, kbit, Mbit, Gbit, Tbit (or bps, kbps, Mbps, Gbps, Tbps; Kibit, Mibit, Gibit, Tibit)";
-const RATE_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?([kKmMgGtT][iI]?)?([bB][iI][tT]|[bB][pP][sS])$";
+const RATE_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?([kKmMgGtT][iI]?)?([bB][iI][tT]|b[pP][sS])$";
+/// CEL for the bound the pattern cannot express, `Rate::MAX_BPS`. Doubles are
+/// exact enough here: only values within 1 part in 2^52 of the bound differ.
+const RATE_MAX_RULE: &str = "double(self.find('^[0-9]+([.][0-9]+)?')) * (self.lowerAscii().matches('ti(bit|bps)$') ? 1099511627776.0 : self.lowerAscii().matches('gi(bit|bps)$') ? 1073741824.0 : self.lowerAscii().matches('mi(bit|bps)$') ? 1048576.0 : self.lowerAscii().matches('ki(bit|bps)$') ? 1024.0 : self.lowerAscii().matches('t(bit|bps)$') ? 1e12 : self.lowerAscii().matches('g(bit|bps)$') ? 1e9 : self.lowerAscii().matches('m(bit|bps)$') ? 1e6 : self.lowerAscii().matches('k(bit|bps)$') ? 1e3 : 1.0) <= 1e13";
 
 impl FromStr for Rate {
     type Err = UnitError;
@@ -312,7 +329,11 @@ impl FromStr for Rate {
             return Err(fail(Problem::MissingUnit { example: "100Mbit" }));
         }
         // "MBps" conventionally means megabytes; refuse rather than guess.
-        if n.unit.ends_with("Bps") {
+        let unit = n.unit.as_bytes();
+        if unit.len() >= 3
+            && unit[unit.len() - 3] == b'B'
+            && unit[unit.len() - 2..].eq_ignore_ascii_case(b"ps")
+        {
             return Err(fail(Problem::BytesPerSecond {
                 unit: n.unit.to_owned(),
             }));
@@ -359,7 +380,9 @@ string_unit!(
     Rate,
     "Rate",
     RATE_PATTERN,
-    "a rate in bits per second, e.g. 100Mbit, 1.5Gbps, 500kbit"
+    "a rate in bits per second, e.g. 100Mbit, 1.5Gbps, 500kbit",
+    RATE_MAX_RULE,
+    "must be at most 10Tbit"
 );
 
 // ---------------------------------------------------------------------------------------
@@ -470,7 +493,9 @@ impl Percent {
     }
 }
 
-const PERCENT_PATTERN: &str = r"^[0-9]+(\.[0-9]+)?%$";
+/// At most 100%, with at most four significant decimals (parts per million),
+/// as `FromStr` accepts.
+const PERCENT_PATTERN: &str = r"^0*(100(\.0+)?|[0-9]{1,2}(\.[0-9]{1,4}0*)?)%$";
 
 impl FromStr for Percent {
     type Err = UnitError;
@@ -1028,7 +1053,32 @@ mod tests {
         );
     }
 
+    fn pattern(p: &str) -> regex::Regex {
+        regex::Regex::new(p).expect("the CRD pattern compiles")
+    }
+
     proptest! {
+        // What the API server admits by pattern is what the parser accepts, so
+        // no stored object fails to decode (which would stop the watch of its
+        // kind). Rates also have a CEL bound (RATE_MAX_RULE) and may be refused
+        // for a fraction of a bit, which no pattern expresses.
+        #[test]
+        fn rate_pattern_matches_the_parser(s in "[0-9]{1,15}(\\.[0-9]{1,14})?([kKmMgGtTx][iI]?)?([bB][iI][tT]|[bB][pP][sS]|Bit|B)") {
+            let admitted = pattern(RATE_PATTERN).is_match(&s);
+            match s.parse::<Rate>() {
+                Ok(_) => prop_assert!(admitted, "{s} parses but the pattern refuses it"),
+                Err(e) => prop_assert!(
+                    !admitted || matches!(e.problem, Problem::TooLarge { .. } | Problem::Fractional { .. }),
+                    "{s} is admitted but refused: {e}"
+                ),
+            }
+        }
+
+        #[test]
+        fn percent_pattern_matches_the_parser(s in "0{0,2}[0-9]{1,3}(\\.[0-9]{0,7})?%?") {
+            prop_assert_eq!(pattern(PERCENT_PATTERN).is_match(&s), s.parse::<Percent>().is_ok(), "{}", s);
+        }
+
         #[test]
         fn rate_round_trips(bps in 0..=Rate::MAX_BPS) {
             let r = Rate::from_bps(bps);

@@ -469,3 +469,91 @@ spec:
         "no password in the store: {stored}"
     );
 }
+
+/// `down` of 1,000 agents once failed with "deadlock detected": the DELETE's
+/// cascade waited for a counter row that the hub's batch had updated, and the
+/// batch's next INSERT waited, checking its foreign key, for the topology row
+/// the DELETE held. PostgreSQL aborts one of them; the DELETE must run again
+/// and succeed rather than fail `down`.
+#[tokio::test]
+async fn deleting_a_topology_survives_a_deadlock_with_a_counter_batch() {
+    let db = start_db("deadlock");
+    let store = Store::connect(&db.pg.url()).await.expect("connect");
+    let plan = line3();
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("apply");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = 'line3'")
+        .fetch_one(store.pool())
+        .await
+        .expect("id");
+    let counters = |link: &str, node: &str| CounterRow {
+        topology_id: id,
+        node: node.into(),
+        link: link.into(),
+        connected: true,
+        ..Default::default()
+    };
+    store
+        .record_counters(&[counters("a-b", "b")])
+        .await
+        .expect("first report");
+
+    // A counter batch in flight: it has updated an existing row...
+    let mut batch = store.pool().begin().await.expect("begin");
+    sqlx::query("UPDATE link_counters SET tx_bytes = 7 WHERE topology_id = $1 AND link = 'a-b' AND node = 'b'")
+        .bind(id)
+        .execute(&mut *batch)
+        .await
+        .expect("update in batch");
+    // ...when the topology is deleted; the DELETE locks the topology row and
+    // waits for that counter row.
+    let deleting = {
+        let store = store.clone();
+        tokio::spawn(async move { store.delete_topology("line3").await })
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE 'DELETE FROM topologies%'",
+        )
+        .fetch_one(store.pool())
+        .await
+        .expect("pg_stat_activity");
+        if waiting == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the DELETE never waited for the batch"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The batch's INSERT of a new row needs the topology row (foreign key):
+    // a deadlock, and the DELETE, waiting longer, is the one aborted.
+    let row = counters("b-c", "c");
+    sqlx::query(
+        "INSERT INTO link_counters (topology_id, link, node, connected, tx_bytes, tx_packets, rx_bytes, rx_packets, drops, connects) \
+         VALUES ($1, $2, $3, true, 0, 0, 0, 0, 0, 0)",
+    )
+    .bind(row.topology_id)
+    .bind(&row.link)
+    .bind(&row.node)
+    .execute(&mut *batch)
+    .await
+    .expect("the batch's insert goes through once the DELETE is aborted");
+    batch.commit().await.expect("commit batch");
+
+    let deleted = tokio::time::timeout(Duration::from_secs(30), deleting)
+        .await
+        .expect("the DELETE finishes")
+        .expect("task");
+    assert!(
+        deleted.expect("the deadlocked DELETE is retried"),
+        "the topology existed"
+    );
+    for table in ["topologies", "nodes", "link_counters"] {
+        assert_eq!(count(&store, table).await, 0, "{table} rows left");
+    }
+}

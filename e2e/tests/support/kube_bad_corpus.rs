@@ -439,28 +439,10 @@ pub fn run(c: &Cluster, ns: &str) -> Vec<Verdict> {
 /// Files the cluster does not refuse yet, and why; RELIABILITY.md lists them
 /// too. The suite fails when another file joins them, and when one is fixed
 /// (then it leaves this list).
-pub const KNOWN_GAPS: [(&str, &str); 5] = [
-    (
-        "034-link-unknown-topology.yaml",
-        "a Link naming a Topology that does not exist has no Topology to carry a condition, and gets no status of its own",
-    ),
-    (
-        "041-rate-absurd.yaml",
-        "the CRD pattern admits 900Tbit; the operator's typed Rate refuses to decode the Link, so the reconcile fails before validation and no condition is written",
-    ),
-    (
-        "042-rate-bytes-per-second.yaml",
-        "the CRD pattern admits 10MBps; the operator's typed Rate refuses it (bytes per second) while decoding, as above",
-    ),
-    (
-        "046-loss-over-100.yaml",
-        "the CRD pattern admits 150%; the operator's typed Percent refuses it while decoding, as above",
-    ),
-    (
-        "067-pool-not-a-cidr.yaml",
-        "the CRD admits any string as a pool; the operator's typed Ipv4Cidr refuses 10.0.0.300/16 while decoding the Topology, as above",
-    ),
-];
+pub const KNOWN_GAPS: [(&str, &str); 1] = [(
+    "034-link-unknown-topology.yaml",
+    "a Link naming a Topology that does not exist has no Topology to carry a condition, and gets no status of its own",
+)];
 
 /// The Markdown table of how each file was refused.
 pub fn table(verdicts: &[Verdict]) -> String {

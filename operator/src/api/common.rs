@@ -45,7 +45,20 @@ impl FromStr for Ipv4Cidr {
     type Err = CidrError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let net: ipnet::Ipv4Net = s.parse().map_err(|_| CidrError::Syntax(s.to_owned()))?;
+        let syntax = || CidrError::Syntax(s.to_owned());
+        // std's address parser, which refuses leading zeros (`010` is octal to
+        // inet_aton); ipnet's own would take them.
+        let (addr, prefix) = s.split_once('/').ok_or_else(syntax)?;
+        let addr: std::net::Ipv4Addr = addr.parse().map_err(|_| syntax())?;
+        if prefix.is_empty()
+            || prefix.len() > 2
+            || (prefix.len() > 1 && prefix.starts_with('0'))
+            || !prefix.bytes().all(|b| b.is_ascii_digit())
+        {
+            return Err(syntax());
+        }
+        let prefix: u8 = prefix.parse().map_err(|_| syntax())?;
+        let net = ipnet::Ipv4Net::new(addr, prefix).map_err(|_| syntax())?;
         // A pool written with host bits is almost always a typo; silently truncating
         // would hand out addresses from a range the user did not mean.
         if net.trunc() != net {
@@ -89,11 +102,28 @@ impl JsonSchema for Ipv4Cidr {
     fn json_schema(_: &mut SchemaGenerator) -> Schema {
         json_schema!({
             "type": "string",
-            "pattern": r"^([0-9]{1,3}\.){3}[0-9]{1,3}/[0-9]{1,2}$",
+            "pattern": CIDR_PATTERN,
+            // Bounds the cost the API server estimates for the rule below.
+            "maxLength": 18,
             "description": "an IPv4 network in CIDR notation, e.g. 198.18.0.0/16",
+            "x-kubernetes-validations": [{
+                "rule": CIDR_HOST_BITS_RULE,
+                "message": "host bits are set: the address must be the network's first (e.g. 10.0.0.0/16, not 10.0.0.1/16)",
+            }],
         })
     }
 }
+
+/// The syntax `FromStr` accepts: four octets of 0-255 without leading zeros,
+/// and a prefix length of 0-32. Kept equal to the parser by a property test,
+/// so that the API server refuses what the operator could not decode: an
+/// object that cannot be decoded would stop every watch of its kind.
+pub const CIDR_PATTERN: &str = r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(3[0-2]|[12]?[0-9])$";
+
+/// CEL (run by the API server) for the one check a pattern cannot make: the
+/// address modulo 2^(32 - prefix) is zero. CEL has no power function, hence
+/// the table of the 33 block sizes indexed by prefix length.
+pub const CIDR_HOST_BITS_RULE: &str = "(int(self.split('/')[0].split('.')[0]) * 16777216 + int(self.split('/')[0].split('.')[1]) * 65536 + int(self.split('/')[0].split('.')[2]) * 256 + int(self.split('/')[0].split('.')[3])) % [4294967296, 2147483648, 1073741824, 536870912, 268435456, 134217728, 67108864, 33554432, 16777216, 8388608, 4194304, 2097152, 1048576, 524288, 262144, 131072, 65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1][int(self.split('/')[1])] == 0";
 
 /// Whether a condition holds, as in Kubernetes conditions.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -130,6 +160,20 @@ pub struct Condition {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        // The API server refuses by pattern what the parser refuses for its
+        // syntax; host bits are left to CIDR_HOST_BITS_RULE.
+        #[test]
+        fn cidr_pattern_matches_the_parser(s in "0?[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}(/0?[0-9]{1,2})?") {
+            let admitted = regex::Regex::new(CIDR_PATTERN).expect("compiles").is_match(&s);
+            match s.parse::<Ipv4Cidr>() {
+                Ok(_) => prop_assert!(admitted, "{s} parses but the pattern refuses it"),
+                Err(e) => prop_assert!(!admitted || matches!(e, CidrError::HostBits { .. }), "{s}: {e}"),
+            }
+        }
+    }
 
     #[test]
     fn cidr_rejects_host_bits_and_garbage() {

@@ -29,7 +29,16 @@ const READY_RECHECK: Duration = Duration::from_secs(30);
 pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let name = topology.name_any();
-    let manifest = super::fetch::manifest(&ctx.client, topology).await?;
+    let fetched = super::fetch::manifest(&ctx.client, topology).await?;
+    if !fetched.undecodable.is_empty() {
+        let invalid = Invalid {
+            reason: "InvalidSpec",
+            message: fetched.undecodable.join("; "),
+        };
+        refuse(topology, ctx, &invalid).await?;
+        return Ok(Action::await_change());
+    }
+    let manifest = fetched.manifest;
     let stored_runtime = ctx.store.runtime_of(&name).await?;
     let validated = match validate::validate(&manifest, &namespace, stored_runtime.as_deref()) {
         Ok(v) => v,

@@ -1,31 +1,89 @@
 //! Phase 1: the Topology with the Link and Flow objects of its namespace that
 //! name it, as the planner's `Manifest`.
+//!
+//! Links and Flows are listed as untyped objects and decoded one at a time. A
+//! typed list fails as a whole when one object in it does not decode (one the
+//! CRD schema admitted but a parser refuses), which would hide every member of
+//! every topology in the namespace; decoded singly, the bad one is reported,
+//! naming its field, as the topology's `Planned=False` reason.
 
 use crate::api::{Flow, Link, Topology};
 use crate::plan::{Doc, Manifest};
-use kube::api::ListParams;
-use kube::{Api, Client, ResourceExt};
+use kube::api::{ApiResource, DynamicObject, ListParams};
+use kube::{Api, Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
 
-pub async fn manifest(client: &Client, topology: &Topology) -> Result<Manifest, kube::Error> {
+/// The members that decoded, and what is wrong with those that did not.
+pub struct Fetched {
+    pub manifest: Manifest,
+    /// `link/a-b: spec.rate: invalid rate "900Tbit": ...`, one per object.
+    pub undecodable: Vec<String>,
+}
+
+pub async fn manifest(client: &Client, topology: &Topology) -> Result<Fetched, kube::Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let name = topology.name_any();
-    let mut links: Vec<Link> = Api::<Link>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|l| l.spec.topology == name && l.metadata.deletion_timestamp.is_none())
-        .collect();
-    let mut flows: Vec<Flow> = Api::<Flow>::namespaced(client.clone(), &namespace)
-        .list(&ListParams::default())
-        .await?
-        .items
-        .into_iter()
-        .filter(|f| f.spec.topology == name && f.metadata.deletion_timestamp.is_none())
-        .collect();
-    links.sort_by_key(|l| l.name_any());
-    flows.sort_by_key(|f| f.name_any());
-    Ok(assemble(topology, links, flows))
+    let (links, mut undecodable) = members::<Link>(client, &namespace, &name, "link").await?;
+    let (flows, bad_flows) = members::<Flow>(client, &namespace, &name, "flow").await?;
+    undecodable.extend(bad_flows);
+    Ok(Fetched {
+        manifest: assemble(topology, links, flows),
+        undecodable,
+    })
+}
+
+/// The objects of kind `K` in `namespace` whose `spec.topology` is `topology`,
+/// sorted by name, and a message for each that does not decode.
+async fn members<K>(
+    client: &Client,
+    namespace: &str,
+    topology: &str,
+    kind: &str,
+) -> Result<(Vec<K>, Vec<String>), kube::Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let api = Api::<DynamicObject>::namespaced_with(client.clone(), namespace, &resource);
+    let mut items = api.list(&ListParams::default()).await?.items;
+    items.retain(|o| {
+        o.metadata.deletion_timestamp.is_none() && topology_of(o).as_deref() == Some(topology)
+    });
+    items.sort_by_key(|o| o.name_any());
+    let (mut decoded, mut undecodable) = (Vec::new(), Vec::new());
+    for object in items {
+        let name = object.name_any();
+        match decode::<K>(object) {
+            Ok(k) => decoded.push(k),
+            Err(e) => undecodable.push(format!("{kind}/{name}: {e}")),
+        }
+    }
+    Ok((decoded, undecodable))
+}
+
+/// `spec.topology` of an untyped Link or Flow, for the watch that maps it to
+/// its Topology.
+pub fn topology_of(object: &DynamicObject) -> Option<String> {
+    object
+        .data
+        .get("spec")?
+        .get("topology")?
+        .as_str()
+        .map(str::to_owned)
+}
+
+/// Decodes one object, with the path of the field that failed: `spec.rate:
+/// invalid rate "900Tbit": ...`.
+pub fn decode<K: DeserializeOwned>(object: DynamicObject) -> Result<K, String> {
+    let value = serde_json::to_value(object).map_err(|e| e.to_string())?;
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            e.inner().to_string()
+        } else {
+            format!("{path}: {}", e.inner())
+        }
+    })
 }
 
 /// The manifest the planner reads, with origins that name each object the way
@@ -50,5 +108,35 @@ pub fn assemble(topology: &Topology, links: Vec<Link>, flows: Vec<Flow>) -> Mani
                 object: f,
             })
             .collect(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn object(yaml: &str) -> DynamicObject {
+        serde_norway::from_str(yaml).expect("fixture parses as an object")
+    }
+
+    #[test]
+    fn a_member_that_does_not_decode_is_named_with_its_field() {
+        let bad = object(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata: {name: a-b, namespace: lab}\nspec: {topology: t, endpoints: [a, b], rate: 10MBps}\n",
+        );
+        assert_eq!(topology_of(&bad).as_deref(), Some("t"));
+        let message = decode::<Link>(bad).err().unwrap_or_default();
+        assert!(
+            message.starts_with("spec.rate: invalid rate \"10MBps\""),
+            "{message}"
+        );
+        let good = object(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata: {name: a-b, namespace: lab}\nspec: {topology: t, endpoints: [a, b], rate: 10Mbit}\n",
+        );
+        let link = decode::<Link>(good).map_err(|e| e.to_string());
+        assert_eq!(
+            link.map(|l| l.spec.rate.map(|r| r.bps())),
+            Ok(Some(10_000_000))
+        );
     }
 }

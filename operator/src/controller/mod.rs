@@ -19,6 +19,7 @@ use crate::api::{Flow, Link, Topology};
 use crate::store::Store;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::finalizer::{Event as Finalizer, finalizer};
@@ -68,17 +69,21 @@ pub enum Error {
 /// Runs the Topology controller until SIGTERM/SIGINT. `namespace` limits it to
 /// one namespace; `None` watches all of them.
 pub async fn run(client: Client, store: Store, settings: Settings, namespace: Option<String>) {
+    // Links and Flows are watched untyped, like fetch lists them: a typed watch
+    // stops at the first object it cannot decode, and with it every trigger.
+    let link_resource = ApiResource::erase::<Link>(&());
+    let flow_resource = ApiResource::erase::<Flow>(&());
     let (topologies, links, flows, pods) = match &namespace {
         Some(ns) => (
             Api::<Topology>::namespaced(client.clone(), ns),
-            Api::<Link>::namespaced(client.clone(), ns),
-            Api::<Flow>::namespaced(client.clone(), ns),
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &link_resource),
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &flow_resource),
             Api::<Pod>::namespaced(client.clone(), ns),
         ),
         None => (
             Api::<Topology>::all(client.clone()),
-            Api::<Link>::all(client.clone()),
-            Api::<Flow>::all(client.clone()),
+            Api::<DynamicObject>::all_with(client.clone(), &link_resource),
+            Api::<DynamicObject>::all_with(client.clone(), &flow_resource),
             Api::<Pod>::all(client.clone()),
         ),
     };
@@ -99,14 +104,18 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
     Controller::new(topologies, watcher::Config::default())
         .owns(pods, owned_pods)
-        .watches(links, watcher::Config::default(), |link: Link| {
-            let ns = link.namespace()?;
-            Some(ObjectRef::<Topology>::new(&link.spec.topology).within(&ns))
-        })
-        .watches(flows, watcher::Config::default(), |flow: Flow| {
-            let ns = flow.namespace()?;
-            Some(ObjectRef::<Topology>::new(&flow.spec.topology).within(&ns))
-        })
+        .watches_with(
+            links,
+            link_resource,
+            watcher::Config::default(),
+            owner_topology,
+        )
+        .watches_with(
+            flows,
+            flow_resource,
+            watcher::Config::default(),
+            owner_topology,
+        )
         .shutdown_on_signal()
         .run(reconcile, error_policy, context)
         .for_each(|result| async move {
@@ -116,6 +125,12 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
             }
         })
         .await;
+}
+
+/// The Topology a Link or Flow names.
+fn owner_topology(member: DynamicObject) -> Option<ObjectRef<Topology>> {
+    let ns = member.namespace()?;
+    Some(ObjectRef::<Topology>::new(&fetch::topology_of(&member)?).within(&ns))
 }
 
 async fn reconcile(topology: Arc<Topology>, ctx: Arc<Context>) -> Result<Action, Error> {

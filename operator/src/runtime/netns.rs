@@ -72,11 +72,10 @@ impl NetnsRuntime {
             .await
             .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
         let host = connect_here()?;
-        let peer = names::veth_peer(topology, node.index);
         netlink::plug_veth(
             &host,
             &names::veth_host(topology, node.index),
-            &peer,
+            names::UNDERLAY_IFACE,
             bridge_index,
             &ns,
         )
@@ -84,7 +83,6 @@ impl NetnsRuntime {
         let inside = netlink::connect_in(&ns).await?;
         netlink::configure_inside(
             &inside,
-            &peer,
             names::UNDERLAY_IFACE,
             node.underlay,
             plan.underlay.prefix_len(),

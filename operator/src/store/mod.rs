@@ -38,6 +38,13 @@ pub enum StoreError {
 
 pub type Result<T, E = StoreError> = std::result::Result<T, E>;
 
+/// SQLSTATE 40P01: PostgreSQL aborted this statement to break a deadlock.
+fn is_deadlock(e: &sqlx::Error) -> bool {
+    e.as_database_error()
+        .and_then(|d| d.code())
+        .is_some_and(|code| code == "40P01")
+}
+
 /// Channel the migrations' trigger notifies with a topology name on each change.
 pub const TOPOLOGY_CHANNEL: &str = "nextmini_topology";
 
@@ -193,12 +200,34 @@ impl Store {
     }
 
     /// Deletes a topology and every row it owns. Returns whether it existed.
+    ///
+    /// The cascade can deadlock with the hub's batched counter upserts: an
+    /// upsert locks `link_counters` rows and then, checking its foreign key, the
+    /// topology row, which the DELETE locked before cascading to those rows.
+    /// PostgreSQL aborts one of the two (seen with 1,000 agents reporting), and
+    /// the DELETE, which has nothing to lose, simply runs again.
     pub async fn delete_topology(&self, name: &str) -> Result<bool> {
-        let done = sqlx::query("DELETE FROM topologies WHERE name = $1")
-            .bind(name)
-            .execute(&self.pool)
-            .await?;
-        Ok(done.rows_affected() > 0)
+        const ATTEMPTS: u32 = 5;
+        let mut attempt = 1;
+        loop {
+            match sqlx::query("DELETE FROM topologies WHERE name = $1")
+                .bind(name)
+                .execute(&self.pool)
+                .await
+            {
+                Ok(done) => return Ok(done.rows_affected() > 0),
+                Err(e) if attempt < ATTEMPTS && is_deadlock(&e) => {
+                    tracing::debug!(
+                        topology = name,
+                        attempt,
+                        "deleting the topology deadlocked; again"
+                    );
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                    attempt += 1;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     pub async fn topology_names(&self) -> Result<Vec<String>> {

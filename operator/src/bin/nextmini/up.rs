@@ -180,8 +180,16 @@ async fn start(
         plan.nodes.len(),
         plan.links.len()
     );
-    for n in &plan.nodes {
+    // A thousand lines would bury what matters; `status` lists every node.
+    const LISTED: usize = 20;
+    for n in plan.nodes.iter().take(LISTED) {
         println!("  {:<12} {}", n.name, n.overlay);
+    }
+    if plan.nodes.len() > LISTED {
+        println!(
+            "  … and {} more (`nextmini status {topology}` lists every node)",
+            plan.nodes.len() - LISTED
+        );
     }
     if let (Some(first), Some(last)) = (plan.nodes.first(), plan.nodes.last()) {
         println!(
