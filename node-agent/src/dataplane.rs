@@ -204,6 +204,14 @@ impl Dataplane {
             });
         }
         let context = self.context.clone().ok_or(ApplyError::NoSnapshot)?;
+        if delta.upsert_links.is_empty() && delta.remove_links.is_empty() && delta.routes.is_none()
+        {
+            // A change elsewhere in the topology: only the generation moves,
+            // and nothing is rebuilt (a thousand agents get one at once).
+            self.generation = delta.generation;
+            self.agent.set_generation(delta.generation);
+            return Ok(());
+        }
         let mut links: Vec<pb::LinkConfig> = self
             .current_links
             .iter()

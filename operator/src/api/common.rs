@@ -123,7 +123,8 @@ pub const CIDR_PATTERN: &str = r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])
 /// CEL (run by the API server) for the one check a pattern cannot make: the
 /// address modulo 2^(32 - prefix) is zero. CEL has no power function, hence
 /// the table of the 33 block sizes indexed by prefix length.
-pub const CIDR_HOST_BITS_RULE: &str = "(int(self.split('/')[0].split('.')[0]) * 16777216 + int(self.split('/')[0].split('.')[1]) * 65536 + int(self.split('/')[0].split('.')[2]) * 256 + int(self.split('/')[0].split('.')[3])) % [4294967296, 2147483648, 1073741824, 536870912, 268435456, 134217728, 67108864, 33554432, 16777216, 8388608, 4194304, 2097152, 1048576, 524288, 262144, 131072, 65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1][int(self.split('/')[1])] == 0";
+/// It passes what the pattern refuses, whose message is the one to show.
+pub const CIDR_HOST_BITS_RULE: &str = "!self.matches(r'^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(3[0-2]|[12]?[0-9])$') || (int(self.split('/')[0].split('.')[0]) * 16777216 + int(self.split('/')[0].split('.')[1]) * 65536 + int(self.split('/')[0].split('.')[2]) * 256 + int(self.split('/')[0].split('.')[3])) % [4294967296, 2147483648, 1073741824, 536870912, 268435456, 134217728, 67108864, 33554432, 16777216, 8388608, 4194304, 2097152, 1048576, 524288, 262144, 131072, 65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1][int(self.split('/')[1])] == 0";
 
 /// Whether a condition holds, as in Kubernetes conditions.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -161,6 +162,16 @@ pub struct Condition {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn the_host_bits_rule_skips_what_the_pattern_refuses() {
+        // Its guard is the pattern, written without backslashes for CEL.
+        let guard = format!("!self.matches(r'{}')", CIDR_PATTERN.replace(r"\.", "[.]"));
+        assert!(
+            CIDR_HOST_BITS_RULE.starts_with(&guard),
+            "{CIDR_HOST_BITS_RULE}"
+        );
+    }
 
     proptest! {
         // The API server refuses by pattern what the parser refuses for its

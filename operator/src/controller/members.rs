@@ -72,11 +72,12 @@ pub async fn link_statuses(
     for doc in &manifest.links {
         let link = &doc.object;
         let now_up = up.get(link.name_any().as_str()).copied().unwrap_or(false);
-        if link
-            .status
-            .as_ref()
-            .is_some_and(|s| s.up == now_up && s.observed_generation == link.metadata.generation)
-        {
+        if link.status.as_ref().is_some_and(|s| {
+            s.up == now_up
+                    && s.observed_generation == link.metadata.generation
+                    // An orphan's TopologyNotFound (orphans.rs) is replaced.
+                    && s.conditions.is_empty()
+        }) {
             continue;
         }
         let status = LinkStatus {

@@ -7,11 +7,13 @@
 //! [`fetch`] (the objects) → [`validate`] (pure: the same planner as local mode)
 //! → [`build`] (pure: desired Kubernetes objects) → [`apply`] (store and API
 //! server) → [`status`] (pure conditions, written by server-side apply).
+//! [`orphans`] gives Links and Flows that name no Topology a condition saying so.
 
 pub mod apply;
 pub mod build;
 pub mod fetch;
 pub mod members;
+pub mod orphans;
 pub mod status;
 pub mod validate;
 
@@ -102,7 +104,17 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));
-    Controller::new(topologies, watcher::Config::default())
+    let orphan_links = orphans::run(
+        context.client.clone(),
+        link_resource.clone(),
+        namespace.clone(),
+    );
+    let orphan_flows = orphans::run(
+        context.client.clone(),
+        flow_resource.clone(),
+        namespace.clone(),
+    );
+    let topologies = Controller::new(topologies, watcher::Config::default())
         .owns(pods, owned_pods)
         .watches_with(
             links,
@@ -123,8 +135,8 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
                 Ok((object, _)) => tracing::debug!(topology = %object.name, "reconciled"),
                 Err(e) => tracing::warn!(error = %e, "reconcile failed"),
             }
-        })
-        .await;
+        });
+    futures::join!(topologies, orphan_links, orphan_flows);
 }
 
 /// The Topology a Link or Flow names.

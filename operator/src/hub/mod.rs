@@ -290,6 +290,12 @@ impl Hub {
             return;
         };
         let affected = old.as_ref().map(|o| new.affected_nodes(o));
+        // When nothing outside the affected nodes changed, the others get the
+        // new generation number alone, without a snapshot built for each.
+        let unchanged_from = old
+            .as_ref()
+            .filter(|o| new.same_outside_affected(o))
+            .map(|o| o.generation);
         let (first, rest): (Vec<SessionKey>, Vec<SessionKey>) = sessions
             .keys()
             .filter(|(t, _)| t == topology)
@@ -310,7 +316,10 @@ impl Hub {
             tokio::time::sleep(UNAFFECTED_DELAY).await;
             let mut sessions = hub.inner.sessions.lock().await;
             for key in &rest {
-                bring_up_to_date(&mut sessions, key, &new);
+                match unchanged_from {
+                    Some(from) => advance_generation(&mut sessions, key, from, &new),
+                    None => bring_up_to_date(&mut sessions, key, &new),
+                }
             }
         });
     }
@@ -430,12 +439,46 @@ fn bring_up_to_date(
         .config
         .as_deref()
         .and_then(|before| delta(before, &next))
+        .map(|mut d| {
+            // The agent's generation, which advance_generation may have moved
+            // past the stored config's.
+            d.base_generation = entry.generation as u64;
+            d
+        })
         .map(pb::controller_message::Msg::Delta)
         .unwrap_or_else(|| pb::controller_message::Msg::Snapshot(next.clone()));
     entry.report_interval_ms = new.plan.report_interval_ms;
     if entry.send(msg) {
         entry.generation = new.generation;
         entry.config = Some(Arc::new(next));
+    }
+}
+
+/// For a session whose agent is at `from`, with a config the change left as it
+/// was: a delta that only moves it to `new`'s generation. A session anywhere
+/// else gets what `bring_up_to_date` makes.
+fn advance_generation(
+    sessions: &mut HashMap<SessionKey, SessionEntry>,
+    key: &SessionKey,
+    from: i64,
+    new: &TopologyView,
+) {
+    let Some(entry) = sessions.get_mut(key) else {
+        return;
+    };
+    if entry.generation != from || entry.config.is_none() {
+        bring_up_to_date(sessions, key, new);
+        return;
+    }
+    let msg = pb::controller_message::Msg::Delta(pb::Delta {
+        generation: new.generation as u64,
+        base_generation: from as u64,
+        ..Default::default()
+    });
+    if entry.send(msg) {
+        // The stored config keeps its content, which is the agent's; only
+        // deltas' base generation comes from `entry.generation`.
+        entry.generation = new.generation;
     }
 }
 
