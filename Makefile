@@ -87,10 +87,10 @@ HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
-bench: setup
+bench:
 	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load) ;; \
 	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load)" >&2; exit 2 ;; esac; done
-	@bench/setup.sh
+	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
 	@set -e; export NEXTMINI_BIN_DIR=$(BENCH_TARGET_DIR)/release; \

@@ -5,7 +5,7 @@ section of BENCHMARKS.md between <!-- bench:begin --> and <!-- bench:end -->.
 
 Run by `make bench` after the benchmarks; `bench/plot.py` alone re-renders from
 the stored JSON. Needs matplotlib (Debian: python3-matplotlib, which
-bench/setup.sh installs). Only the standard library otherwise.
+`scripts/setup.sh --bench` installs). Only the standard library otherwise.
 """
 
 import json

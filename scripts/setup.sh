@@ -34,6 +34,15 @@ if [ ! -e /usr/share/fonts/truetype/dejavu/DejaVuSans.ttf ]; then
   need+=(fonts-dejavu-core)
 fi
 
+# `scripts/setup.sh --bench` (what `make bench` runs) also installs matplotlib for
+# bench/plot.py, run by Debian's own /usr/bin/python3 so that a pyenv or venv
+# python on PATH does not matter, and `script` (util-linux) to give `nextmini up`
+# a terminal in the start-up benchmark.
+if [ "${1:-}" = --bench ]; then
+  /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+  have script || need+=(bsdutils)
+fi
+
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" -ne 0 ]; then
     echo "setup: missing ${need[*]}; run as root (sudo make setup) to install them" >&2

@@ -94,6 +94,38 @@ impl Cluster {
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Applies `yaml`, which must succeed, and waits up to `timeout` (`180s`)
+    /// for `topology/<name>` to be Ready; how long that took from the apply.
+    pub fn apply_until_ready(&self, yaml: &str, name: &str, timeout: &str) -> Duration {
+        let t = Instant::now();
+        let applied = self.kubectl_stdin(&["apply", "-f", "-"], yaml);
+        assert!(
+            applied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+        self.ok(&[
+            "wait",
+            "--for=condition=Ready",
+            &format!("topology/{name}"),
+            &format!("--timeout={timeout}"),
+        ]);
+        t.elapsed()
+    }
+
+    /// `kubectl get topology <name>`, printed; the columns of its row.
+    pub fn topology_row(&self, name: &str) -> Vec<String> {
+        let table = self.ok(&["get", "topology", name]);
+        println!("{table}");
+        table
+            .lines()
+            .nth(1)
+            .expect("a row")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    }
+
     pub fn helm(&self, args: &[&str]) -> Output {
         let mut all = vec!["--namespace", &self.namespace];
         all.extend_from_slice(args);

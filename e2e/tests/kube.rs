@@ -172,34 +172,14 @@ fn operator_runs_line3_on_a_real_cluster() {
     }
     println!("helm install --wait: {:.1} s", t.elapsed().as_secs_f64());
 
-    let t = Instant::now();
-    c.ok(&[
-        "apply",
-        "-f",
-        repo_path("manifests/examples/line3.yaml")
-            .to_str()
-            .expect("path"),
-    ]);
-    c.ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "topology/line3",
-        "--timeout=180s",
-    ]);
+    let line3 = std::fs::read_to_string(repo_path("manifests/examples/line3.yaml")).expect("line3");
+    let ready = c.apply_until_ready(&line3, "line3", "180s");
     println!(
         "line3 Ready {:.1} s after kubectl apply",
-        t.elapsed().as_secs_f64()
+        ready.as_secs_f64()
     );
-    let table = c.ok(&["get", "topology", "line3"]);
-    println!("{table}");
-    let columns: Vec<&str> = table
-        .lines()
-        .nth(1)
-        .expect("a row")
-        .split_whitespace()
-        .collect();
     assert_eq!(
-        &columns[..4],
+        &c.topology_row("line3")[..4],
         ["line3", "3", "2", "True"],
         "NAME NODES LINKS READY"
     );
@@ -514,33 +494,13 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         String::from_utf8_lossy(&refused.stderr)
     );
 
-    let t = Instant::now();
-    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &packed6(&worker_image()));
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
-    c.ok(&[
-        "wait",
-        "--for=condition=Ready",
-        "topology/packed6",
-        "--timeout=240s",
-    ]);
+    let ready = c.apply_until_ready(&packed6(&worker_image()), "packed6", "240s");
     println!(
         "packed6 (6 nodes, 2 worker pods) Ready {:.1} s after kubectl apply",
-        t.elapsed().as_secs_f64()
+        ready.as_secs_f64()
     );
-    let table = c.ok(&["get", "topology", "packed6"]);
-    println!("{table}");
-    let columns: Vec<&str> = table
-        .lines()
-        .nth(1)
-        .expect("a row")
-        .split_whitespace()
-        .collect();
     assert_eq!(
-        &columns[..4],
+        &c.topology_row("packed6")[..4],
         ["packed6", "6", "5", "True"],
         "NAME NODES LINKS READY"
     );

@@ -38,20 +38,7 @@ fn run(c: &Cluster, placement: &'static str, nodes: u32) -> Run {
     let yaml = format!(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: {name}}}\nspec:\n  placement: {placement}\n  generator: {{line: {{nodes: {nodes}}}}}\n"
     );
-    let t = Instant::now();
-    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
-    c.ok(&[
-        "wait",
-        "--for=condition=Ready",
-        &format!("topology/{name}"),
-        "--timeout=900s",
-    ]);
-    let ready = t.elapsed();
+    let ready = c.apply_until_ready(&yaml, &name, "900s");
     let selector = format!("nextmini.io/topology={name}");
     let pods = c
         .ok(&["get", "pods", "-l", &selector, "-o", "name"])

@@ -6,26 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-fn corpus() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/bad");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("corpus directory")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
+#[path = "support/corpus_files.rs"]
+mod corpus_files;
+use corpus_files::expected_field;
 
-/// The field a corpus file must be refused for: its `# expect:` first line.
-fn expected_field(path: &Path) -> String {
-    let bytes = std::fs::read(path).expect("corpus file");
-    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    String::from_utf8_lossy(first)
-        .strip_prefix("# expect: ")
-        .unwrap_or_else(|| panic!("{} lacks its `# expect:` line", path.display()))
-        .trim()
-        .to_string()
+fn corpus() -> Vec<PathBuf> {
+    corpus_files::files(&Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/bad"))
 }
 
 fn plan(path: &Path) -> (bool, String) {

@@ -52,6 +52,23 @@ fn hashes(plan: &Plan) -> BTreeMap<String, String> {
         .collect()
 }
 
+/// A private database with line3 stored in it: the database (kept running
+/// while it lives), a store on it and line3's topology id.
+async fn line3_stored(name: &str) -> (Db, Store, i64) {
+    let db = start_db(name);
+    let store = Store::connect(&db.pg.url()).await.expect("connect");
+    let plan = line3();
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("apply");
+    let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = 'line3'")
+        .fetch_one(store.pool())
+        .await
+        .expect("id");
+    (db, store, id)
+}
+
 async fn count(store: &Store, table: &str) -> i64 {
     let sql = match table {
         "topologies" => "SELECT count(*) FROM topologies",
@@ -143,17 +160,7 @@ async fn desired_state_round_trips_and_changes_atomically() {
 
 #[tokio::test]
 async fn counters_upsert_in_batches_and_everything_goes_with_the_topology() {
-    let db = start_db("counters");
-    let store = Store::connect(&db.pg.url()).await.expect("connect");
-    let plan = line3();
-    store
-        .apply_plan(&plan, "netns", "source", &hashes(&plan))
-        .await
-        .expect("apply");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = 'line3'")
-        .fetch_one(store.pool())
-        .await
-        .expect("id");
+    let (_db, store, id) = line3_stored("counters").await;
     let row = |tx: u64| CounterRow {
         topology_id: id,
         node: "b".into(),
@@ -477,17 +484,7 @@ spec:
 /// and succeed rather than fail `down`.
 #[tokio::test]
 async fn deleting_a_topology_survives_a_deadlock_with_a_counter_batch() {
-    let db = start_db("deadlock");
-    let store = Store::connect(&db.pg.url()).await.expect("connect");
-    let plan = line3();
-    store
-        .apply_plan(&plan, "netns", "source", &hashes(&plan))
-        .await
-        .expect("apply");
-    let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = 'line3'")
-        .fetch_one(store.pool())
-        .await
-        .expect("id");
+    let (_db, store, id) = line3_stored("deadlock").await;
     let counters = |link: &str, node: &str| CounterRow {
         topology_id: id,
         node: node.into(),

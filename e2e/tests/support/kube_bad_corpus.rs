@@ -48,25 +48,12 @@ pub struct Verdict {
     pub created: Vec<String>,
 }
 
-fn corpus() -> Vec<PathBuf> {
-    let dir = repo_path("operator/tests/corpus/bad");
-    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .expect("corpus directory")
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
-        .collect();
-    files.sort();
-    files
-}
+#[path = "../../../operator/tests/support/corpus_files.rs"]
+mod corpus_files;
+use corpus_files::expected_field;
 
-fn expected_field(path: &Path) -> String {
-    let bytes = std::fs::read(path).expect("corpus file");
-    let first = bytes.split(|b| *b == b'\n').next().unwrap_or_default();
-    String::from_utf8_lossy(first)
-        .strip_prefix("# expect: ")
-        .unwrap_or_else(|| panic!("{} lacks its `# expect:` line", path.display()))
-        .trim()
-        .to_string()
+fn corpus() -> Vec<PathBuf> {
+    corpus_files::files(&repo_path("operator/tests/corpus/bad"))
 }
 
 /// (kind, name) pairs that occur more than once among a file's documents.

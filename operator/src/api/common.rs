@@ -107,7 +107,7 @@ impl JsonSchema for Ipv4Cidr {
             "maxLength": 18,
             "description": "an IPv4 network in CIDR notation, e.g. 198.18.0.0/16",
             "x-kubernetes-validations": [{
-                "rule": CIDR_HOST_BITS_RULE,
+                "rule": cidr_host_bits_rule(),
                 "message": "host bits are set: the address must be the network's first (e.g. 10.0.0.0/16, not 10.0.0.1/16)",
             }],
         })
@@ -122,9 +122,22 @@ pub const CIDR_PATTERN: &str = r"^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])
 
 /// CEL (run by the API server) for the one check a pattern cannot make: the
 /// address modulo 2^(32 - prefix) is zero. CEL has no power function, hence
-/// the table of the 33 block sizes indexed by prefix length.
-/// It passes what the pattern refuses, whose message is the one to show.
-pub const CIDR_HOST_BITS_RULE: &str = "!self.matches(r'^((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])[.]){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])/(3[0-2]|[12]?[0-9])$') || (int(self.split('/')[0].split('.')[0]) * 16777216 + int(self.split('/')[0].split('.')[1]) * 65536 + int(self.split('/')[0].split('.')[2]) * 256 + int(self.split('/')[0].split('.')[3])) % [4294967296, 2147483648, 1073741824, 536870912, 268435456, 134217728, 67108864, 33554432, 16777216, 8388608, 4194304, 2097152, 1048576, 524288, 262144, 131072, 65536, 32768, 16384, 8192, 4096, 2048, 1024, 512, 256, 128, 64, 32, 16, 8, 4, 2, 1][int(self.split('/')[1])] == 0";
+/// the table of the 33 block sizes indexed by prefix length. It passes what
+/// the pattern refuses (its guard is the pattern, without backslashes, which
+/// CEL strings do not take), whose message is the one to show.
+pub fn cidr_host_bits_rule() -> String {
+    let guard = CIDR_PATTERN.replace(r"\.", "[.]");
+    let octet = |i: usize| format!("int(self.split('/')[0].split('.')[{i}])");
+    let blocks: Vec<String> = (0..=32).map(|p| (1u64 << (32 - p)).to_string()).collect();
+    format!(
+        "!self.matches(r'{guard}') || ({} * 16777216 + {} * 65536 + {} * 256 + {}) % [{}][int(self.split('/')[1])] == 0",
+        octet(0),
+        octet(1),
+        octet(2),
+        octet(3),
+        blocks.join(", ")
+    )
+}
 
 /// Whether a condition holds, as in Kubernetes conditions.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
@@ -168,14 +181,15 @@ mod tests {
         // Its guard is the pattern, written without backslashes for CEL.
         let guard = format!("!self.matches(r'{}')", CIDR_PATTERN.replace(r"\.", "[.]"));
         assert!(
-            CIDR_HOST_BITS_RULE.starts_with(&guard),
-            "{CIDR_HOST_BITS_RULE}"
+            cidr_host_bits_rule().starts_with(&guard),
+            "{}",
+            cidr_host_bits_rule()
         );
     }
 
     proptest! {
         // The API server refuses by pattern what the parser refuses for its
-        // syntax; host bits are left to CIDR_HOST_BITS_RULE.
+        // syntax; host bits are left to cidr_host_bits_rule().
         #[test]
         fn cidr_pattern_matches_the_parser(s in "0?[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}\\.[0-9]{1,3}(/0?[0-9]{1,2})?") {
             let admitted = regex::Regex::new(CIDR_PATTERN).expect("compiles").is_match(&s);

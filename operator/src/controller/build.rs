@@ -215,31 +215,18 @@ fn agent_pod(
         containers,
         volumes: Some(vec![
             tun_volume(),
-            Volume {
-                name: "credential".into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(pods::credentials_secret(topology)),
-                    // Only this node's files, named as the agent expects
-                    // them beside its credential file.
-                    items: Some(
-                        [
-                            (files::token(&node.name), "credential"),
-                            (files::cert(&node.name), "credential.crt"),
-                            (files::key(&node.name), "credential.key"),
-                            (files::CA.to_string(), files::CA),
-                        ]
-                        .into_iter()
-                        .map(|(key, path)| KeyToPath {
-                            key,
-                            path: path.into(),
-                            mode: Some(0o400),
-                        })
-                        .collect(),
-                    ),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
+            // Only this node's files, named as the agent expects them
+            // beside its credential file.
+            credential_volume(
+                topology,
+                [
+                    (files::token(&node.name), "credential"),
+                    (files::cert(&node.name), "credential.crt"),
+                    (files::key(&node.name), "credential.key"),
+                    (files::CA.to_string(), files::CA),
+                ]
+                .map(|(key, path)| (key, path.to_string())),
+            ),
         ]),
         restart_policy: Some("Always".into()),
         termination_grace_period_seconds: Some(5),
@@ -365,29 +352,17 @@ fn worker_pod(
         containers: vec![container],
         volumes: Some(vec![
             tun_volume(),
-            Volume {
-                name: "credential".into(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(pods::credentials_secret(topology)),
-                    // Only this worker's nodes' files, named as in the
-                    // Secret: an agent finds `<node>.crt`, `<node>.key`
-                    // and `ca.crt` beside its credential file `<node>`.
-                    items: Some(
-                        names
-                            .iter()
-                            .flat_map(|n| [files::token(n), files::cert(n), files::key(n)])
-                            .chain([files::CA.to_string()])
-                            .map(|key| KeyToPath {
-                                path: key.clone(),
-                                key,
-                                mode: Some(0o400),
-                            })
-                            .collect(),
-                    ),
-                    ..SecretVolumeSource::default()
-                }),
-                ..Volume::default()
-            },
+            // Only this worker's nodes' files, named as in the Secret: an
+            // agent finds `<node>.crt`, `<node>.key` and `ca.crt` beside its
+            // credential file `<node>`.
+            credential_volume(
+                topology,
+                names
+                    .iter()
+                    .flat_map(|n| [files::token(n), files::cert(n), files::key(n)])
+                    .chain([files::CA.to_string()])
+                    .map(|key| (key.clone(), key)),
+            ),
             scratch("netns"),
             scratch("tmp"),
         ]),
@@ -451,6 +426,29 @@ fn worker_resources(nodes: &[&PlannedNode]) -> Option<ResourceRequirements> {
         limits: (!limits.is_empty()).then_some(limits),
         ..ResourceRequirements::default()
     })
+}
+
+/// The `credential` volume: the given keys of the topology's Secret, each at
+/// its path, readable by the owner only.
+fn credential_volume(topology: &str, items: impl IntoIterator<Item = (String, String)>) -> Volume {
+    Volume {
+        name: "credential".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(pods::credentials_secret(topology)),
+            items: Some(
+                items
+                    .into_iter()
+                    .map(|(key, path)| KeyToPath {
+                        key,
+                        path,
+                        mode: Some(0o400),
+                    })
+                    .collect(),
+            ),
+            ..SecretVolumeSource::default()
+        }),
+        ..Volume::default()
+    }
 }
 
 fn tun_volume() -> Volume {

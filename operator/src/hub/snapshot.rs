@@ -22,10 +22,13 @@ pub struct TopologyView {
     rules: Vec<RouteRuleRow>,
     /// How agents reach each other's link listeners.
     pub underlay: Underlay,
-    /// Node name → position in `plan.nodes`, with its overlay address as text:
-    /// a snapshot looks up every destination, and a linear search made serving
-    /// 1,000 agents cubic (half the hub's time on a change, by perf).
-    nodes: HashMap<String, (usize, String)>,
+    /// Node name → position in `plan.nodes`: a snapshot looks up every
+    /// destination, and a linear search made serving 1,000 agents cubic (half
+    /// the hub's time on a change, by perf).
+    nodes: HashMap<String, usize>,
+    /// Each node's overlay address as text, in `plan.nodes` order: every
+    /// snapshot lists all of them.
+    overlays: Vec<String>,
 }
 
 /// Where an agent's link listener is reachable.
@@ -112,8 +115,9 @@ impl TopologyView {
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, n)| (n.name.clone(), (i, n.overlay.to_string())))
+            .map(|(i, n)| (n.name.clone(), i))
             .collect();
+        let overlays = plan.nodes.iter().map(|n| n.overlay.to_string()).collect();
         TopologyView {
             generation,
             plan,
@@ -123,13 +127,14 @@ impl TopologyView {
             rules: Vec::new(),
             underlay: Underlay::Bridge,
             nodes,
+            overlays,
         }
     }
 
     /// A node of the plan with its overlay address as text, by name.
     fn node(&self, name: &str) -> Option<(&crate::plan::PlannedNode, &str)> {
-        let (i, overlay) = self.nodes.get(name)?;
-        Some((self.plan.nodes.get(*i)?, overlay.as_str()))
+        let &i = self.nodes.get(name)?;
+        Some((self.plan.nodes.get(i)?, self.overlays.get(i)?.as_str()))
     }
 
     /// Whether a change from `old` can have changed a snapshot only for the
@@ -138,14 +143,31 @@ impl TopologyView {
     /// shortest-path tables, the link identity and the underlay. Then every
     /// other agent needs only the new generation number.
     pub fn same_outside_affected(&self, old: &TopologyView) -> bool {
-        let without_links = |p: &Plan| Plan {
-            links: Vec::new(),
-            ..p.clone()
-        };
+        // Spelt out field by field, so that a field added to `Plan` has to be
+        // placed here (or among those `affected_nodes` covers).
+        let Plan {
+            topology,
+            overlay,
+            underlay,
+            placement,
+            dataplane,
+            report_interval_ms,
+            nodes,
+            links: _,
+            flows,
+        } = &self.plan;
+        let o = &old.plan;
         self.hops == old.hops
             && self.identity == old.identity
             && self.underlay == old.underlay
-            && without_links(&self.plan) == without_links(&old.plan)
+            && *topology == o.topology
+            && *overlay == o.overlay
+            && *underlay == o.underlay
+            && *placement == o.placement
+            && *dataplane == o.dataplane
+            && *report_interval_ms == o.report_interval_ms
+            && *nodes == o.nodes
+            && *flows == o.flows
     }
 
     /// Adds explicit routes and rules. Routes that no longer follow the links
@@ -342,12 +364,10 @@ impl TopologyView {
                 peers: plan
                     .nodes
                     .iter()
-                    .map(|n| pb::PeerAddress {
+                    .zip(&self.overlays)
+                    .map(|(n, overlay)| pb::PeerAddress {
                         node: n.name.clone(),
-                        overlay_addr: self.node(&n.name).map_or_else(
-                            || n.overlay.to_string(),
-                            |(_, overlay)| overlay.to_owned(),
-                        ),
+                        overlay_addr: overlay.clone(),
                     })
                     .collect(),
                 link_cert_der: self
