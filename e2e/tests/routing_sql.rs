@@ -180,12 +180,23 @@ fn routes_in_sql_steer_flows_and_split_aggregates() {
     // The local runtime restarts the agent within half a second, quicker than
     // polling can be sure to see; the schema's notifications show every change.
     let events = watch_node_states(env.ok(&["db", "url"]).trim().to_string());
+    // s's side of s-y, as `connected|connects`. The restarted agent can bring
+    // the link back between two reports, so a connection counted after the
+    // kill shows the outage as surely as a report of it down.
+    let s_y = || {
+        env.psql("SELECT connected || '|' || connects FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'dia' AND c.link = 's-y' AND c.node = 's'")
+    };
+    let connects_before: u64 = s_y()
+        .split_once('|')
+        .and_then(|(_, n)| n.parse().ok())
+        .expect("s's counters of s-y");
     let killed = Instant::now();
     kill9(pid);
     let marked = wait_state(&events, "dia/y disconnected", Duration::from_secs(5)) - killed;
     env.wait_for("s to report s-y down", Duration::from_secs(5), || {
-        env.psql("SELECT connected FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'dia' AND c.link = 's-y' AND c.node = 's'")
-            == "f"
+        let now = s_y();
+        let (up, connects) = now.split_once('|').unwrap_or(("", "0"));
+        up == "false" || connects.parse::<u64>().is_ok_and(|n| n > connects_before)
     });
     println!(
         "dead agent: node marked down after {marked:?}, link reported down after {:?}",

@@ -9,20 +9,33 @@ use std::time::{Duration, Instant};
 /// poll for (a restart within half a second) are still seen.
 pub fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
     let (tx, rx) = mpsc::channel();
+    // Returns only once LISTEN is in effect: an event sent before it would be
+    // missed (a fixed pause was not always enough on a loaded machine).
+    let (ready_tx, ready_rx) = mpsc::channel::<Result<(), String>>();
     std::thread::spawn(move || {
-        let Ok(runtime) = tokio::runtime::Builder::new_current_thread()
+        let runtime = match tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-        else {
-            return;
-        };
-        runtime.block_on(async move {
-            let Ok(mut listener) = sqlx::postgres::PgListener::connect(&url).await else {
-                return;
-            };
-            if listener.listen("nextmini_nodes").await.is_err() {
+        {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = ready_tx.send(Err(format!("runtime: {e}")));
                 return;
             }
+        };
+        runtime.block_on(async move {
+            let mut listener = match sqlx::postgres::PgListener::connect(&url).await {
+                Ok(l) => l,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(format!("connect: {e}")));
+                    return;
+                }
+            };
+            if let Err(e) = listener.listen("nextmini_nodes").await {
+                let _ = ready_tx.send(Err(format!("LISTEN: {e}")));
+                return;
+            }
+            let _ = ready_tx.send(Ok(()));
             while let Ok(Some(n)) = listener.try_recv().await {
                 if tx.send((n.payload().to_string(), Instant::now())).is_err() {
                     return;
@@ -30,9 +43,11 @@ pub fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
             }
         });
     });
-    // Let LISTEN take effect before the caller causes anything.
-    std::thread::sleep(Duration::from_millis(300));
-    rx
+    match ready_rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Ok(())) => rx,
+        Ok(Err(e)) => panic!("watching nextmini_nodes: {e}"),
+        Err(e) => panic!("watching nextmini_nodes: not listening after 10 s ({e})"),
+    }
 }
 
 pub fn wait_state(
@@ -46,7 +61,7 @@ pub fn wait_state(
         match events.recv_timeout(left) {
             Ok((payload, at)) if payload == expected => return at,
             Ok(_) => continue,
-            Err(_) => panic!("no `{expected}` on nextmini_nodes within {limit:?}"),
+            Err(e) => panic!("no `{expected}` on nextmini_nodes within {limit:?} ({e})"),
         }
     }
 }

@@ -516,7 +516,7 @@ impl Control for Hub {
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
         let last_seen = Arc::new(AtomicU64::new(self.now_ms()));
-        {
+        let replaced = {
             // Held while the snapshot is chosen and the session registered, so a
             // concurrent change is applied to this session exactly once.
             let mut sessions = self.inner.sessions.lock().await;
@@ -530,6 +530,7 @@ impl Control for Hub {
             let config = Arc::new(snapshot.clone());
             let mut entry = SessionEntry {
                 id,
+                pid: hello.pid,
                 tx,
                 config: Some(config),
                 generation: view.generation,
@@ -542,7 +543,20 @@ impl Control for Hub {
                 return Err(Status::internal("session closed"));
             }
             entry.generation = view.generation;
-            sessions.insert(key.clone(), entry);
+            sessions.insert(key.clone(), entry)
+        };
+        // A restarted agent can say Hello before the hub has seen its
+        // predecessor's stream end, which then finds itself replaced and marks
+        // nothing: the node would never show the outage. A session of another
+        // process replaced here is that predecessor.
+        if replaced.is_some_and(|old| old.pid != hello.pid)
+            && let Err(e) = self
+                .inner
+                .store
+                .set_agent_state(topology_id, &hello.node, "disconnected")
+                .await
+        {
+            tracing::warn!(error = %e, "marking the replaced agent disconnected failed");
         }
         if let Err(e) = self
             .inner

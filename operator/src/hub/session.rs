@@ -12,6 +12,8 @@ use tonic::{Status, Streaming};
 
 pub(super) struct SessionEntry {
     pub id: u64,
+    /// The agent process's pid, from its Hello.
+    pub pid: u32,
     pub tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>,
     /// Generation of the last snapshot or delta sent.
     pub generation: i64,
