@@ -7,10 +7,14 @@ EXAMPLE ?= manifests/examples/line3.yaml
 # Seconds per fuzz target in `make test`'s smoke stage.
 FUZZ_SMOKE_SECONDS ?= 10
 
-.PHONY: setup build run demo test test-kube bench-kube lint unit e2e crds down clean fuzz bench bench-load
+.PHONY: setup setup-test build run demo test test-kube bench-kube lint unit e2e crds down clean fuzz bench bench-load
 
+# What `make run` needs; the test and bench targets add their own tools.
 setup:
 	@scripts/setup.sh
+
+setup-test:
+	@scripts/setup.sh --test
 
 build: setup
 	$(CARGO) build --workspace --$(PROFILE)
@@ -26,7 +30,7 @@ run: build
 # drive release binaries: link fidelity is measured at the speeds users get.
 # Every stage runs even when an earlier one failed; the exit status says
 # whether all passed.
-test: setup lint cluster-build
+test: setup-test lint cluster-build
 	$(CARGO) build --workspace --release --bins
 	@status=0; \
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1 || status=1; \
@@ -66,7 +70,7 @@ lint:
 unit:
 	$(CARGO) test --workspace --lib
 
-e2e: setup
+e2e: setup-test
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test -p nextmini-e2e -- --test-threads=1 --nocapture
 
@@ -108,7 +112,7 @@ bench:
 
 # Control-plane load (RELIABILITY.md): 1,000 agents reporting every 100 ms to one
 # hub for 5 minutes (about 7 min in all). LOAD_ARGS: agents, seconds, interval in ms.
-bench-load: setup
+bench-load: setup-test
 	$(CARGO) build --workspace --release --bins
 	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) run --release -p nextmini-e2e --example control_load -- $(LOAD_ARGS)
 

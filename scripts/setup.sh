@@ -1,7 +1,19 @@
 #!/usr/bin/env bash
-# Installs what building, running and testing Nextmini needs on a fresh Debian
-# machine, skipping what is already there. Safe to run again.
+# Installs what building and running Nextmini needs on a fresh Debian machine,
+# skipping what is already there. Safe to run again.
+#   scripts/setup.sh          what `make run` needs: build tools, PostgreSQL, iproute2, ping, curl
+#   scripts/setup.sh --test   adds what only the tests need (`make test`): iperf3, Prometheus,
+#                             Chromium, openssl, psycopg/pytest, cargo-fuzz
+#   scripts/setup.sh --bench  adds what `make bench` needs on top of --test
 set -euo pipefail
+
+mode="${1:-}"
+case "$mode" in
+  "" | --test | --bench) ;;
+  *) echo "setup: unknown option '$mode' (use --test or --bench)" >&2; exit 2 ;;
+esac
+testing=false
+if [ "$mode" = --test ] || [ "$mode" = --bench ]; then testing=true; fi
 
 need=()
 have() { command -v "$1" >/dev/null 2>&1; }
@@ -14,10 +26,13 @@ pkg_for() { # command -> Debian package
     *) echo "$1" ;;
   esac
 }
-# prometheus and chromium: the observability e2e suite scrapes a topology with a
-# real Prometheus and renders the HTML topology graph headless.
-# openssl: the isolation suite forges a client certificate outside the control CA.
-for cmd in ip ping curl python3 iperf3 cc pkg-config psql prometheus chromium openssl; do
+commands=(ip ping curl python3 cc pkg-config psql)
+# Only the tests: iperf3 measures link fidelity; prometheus and chromium: the
+# observability e2e suite scrapes a topology with a real Prometheus and renders
+# the HTML topology graph headless; openssl: the isolation suite forges a client
+# certificate outside the control CA.
+$testing && commands+=(iperf3 prometheus chromium openssl)
+for cmd in "${commands[@]}"; do
   if ! have "$cmd"; then
     case "$cmd" in
       psql) need+=(postgresql-client) ;;
@@ -38,7 +53,7 @@ fi
 # bench/plot.py, run by Debian's own /usr/bin/python3 so that a pyenv or venv
 # python on PATH does not matter, and `script` (util-linux) to give `nextmini up`
 # a terminal in the start-up benchmark.
-if [ "${1:-}" = --bench ]; then
+if [ "$mode" = --bench ]; then
   /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
   have script || need+=(bsdutils)
 fi
@@ -60,8 +75,8 @@ if [ ${#need[@]} -gt 0 ]; then
   fi
 fi
 
-# The Python control package and its tests (psycopg 3 from PyPI).
-if ! python3 -c 'import psycopg, pytest' >/dev/null 2>&1; then
+# The Python control package's tests (psycopg 3 from PyPI).
+if $testing && ! python3 -c 'import psycopg, pytest' >/dev/null 2>&1; then
   echo "setup: installing psycopg and pytest for the Python control package"
   python3 -m pip install --quiet --disable-pip-version-check 'psycopg[binary]>=3.1' 'pytest>=7' \
     || python3 -m pip install --quiet --disable-pip-version-check --break-system-packages 'psycopg[binary]>=3.1' 'pytest>=7'
@@ -73,7 +88,7 @@ if ! have cargo; then
 fi
 # The fuzz targets' smoke run (fuzz/smoke.sh, a stage of `make test`) needs cargo-fuzz;
 # it builds with nightly when rustup has it, else with stable and RUSTC_BOOTSTRAP=1.
-if ! cargo fuzz --version >/dev/null 2>&1; then
+if $testing && ! cargo fuzz --version >/dev/null 2>&1; then
   echo "setup: installing cargo-fuzz (about 2 minutes, once)"
   cargo install --locked --quiet cargo-fuzz
 fi

@@ -554,3 +554,69 @@ async fn deleting_a_topology_survives_a_deadlock_with_a_counter_batch() {
         assert_eq!(count(&store, table).await, 0, "{table} rows left");
     }
 }
+
+#[tokio::test]
+async fn a_recreated_topology_is_a_new_creation_and_its_delete_is_notified() {
+    let (_db, store, _) = line3_stored("recreate").await;
+    let first = store
+        .version("line3")
+        .await
+        .expect("version")
+        .expect("stored");
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .expect("listener");
+    listener.listen(TOPOLOGY_CHANNEL).await.expect("listen");
+
+    assert!(store.delete_topology("line3").await.expect("delete"));
+    // The hub drops its view of the deleted creation on this notification.
+    let n = tokio::time::timeout(Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a DELETE notifies")
+        .expect("notification");
+    assert_eq!(n.payload(), "line3");
+    assert_eq!(store.version("line3").await.expect("version"), None);
+
+    let plan = line3();
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("apply again");
+    let (_, second) = store
+        .load_plan_version("line3")
+        .await
+        .expect("load")
+        .expect("stored");
+    // Same name, same generation number: only the id tells them apart.
+    assert_eq!(second.generation, first.generation);
+    assert_ne!(
+        second.id, first.id,
+        "a re-created topology must be a new creation"
+    );
+
+    // An agent pid is replaced only over the pid the row still names.
+    store
+        .set_node_pid("line3", "a", Some(100))
+        .await
+        .expect("pid");
+    assert!(
+        !store
+            .replace_node_pid("line3", "a", 99, 101)
+            .await
+            .expect("cas")
+    );
+    assert!(
+        store
+            .replace_node_pid("line3", "a", 100, 101)
+            .await
+            .expect("cas")
+    );
+    assert!(store.delete_topology("line3").await.expect("delete"));
+    assert!(
+        !store
+            .replace_node_pid("line3", "a", 101, 102)
+            .await
+            .expect("cas"),
+        "a removed node must not get a pid"
+    );
+}

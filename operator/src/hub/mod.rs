@@ -176,11 +176,12 @@ impl Hub {
         topology: &str,
     ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
         let store = &self.inner.views_store;
-        let Some((plan, generation)) = store.load_plan(topology).await? else {
+        let Some((plan, version)) = store.load_plan_version(topology).await? else {
             return Ok(None);
         };
         let (routes, rules) = store.routes(topology).await?;
-        let mut view = TopologyView::new(plan, generation).with_routes(routes, rules);
+        let mut view = TopologyView::new(plan, version.generation).with_routes(routes, rules);
+        view.topology_id = version.id;
         view.identity = store.link_identity(topology).await?;
         if let Some(runtime) = store.runtime_of(topology).await? {
             view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
@@ -188,14 +189,16 @@ impl Hub {
         Ok(Some(Arc::new(view)))
     }
 
-    /// The view at the topology's current generation, loaded only when the
-    /// generation moved: a thousand agents connecting at once share one load.
+    /// The view at the topology's current creation and generation, loaded only
+    /// when either moved: a thousand agents connecting at once share one load,
+    /// and a topology deleted and applied again under the same name (generation
+    /// 1 again) never gets its predecessor's view.
     async fn current_view(&self, topology: &str) -> Result<Option<Arc<TopologyView>>, Status> {
         let unavailable = |e: crate::store::StoreError| Status::unavailable(e.to_string());
-        let Some(generation) = self
+        let Some(version) = self
             .inner
             .store
-            .generation(topology)
+            .version(topology)
             .await
             .map_err(unavailable)?
         else {
@@ -208,7 +211,7 @@ impl Hub {
             .lock()
             .await
             .get(topology)
-            .filter(|v| v.generation == generation)
+            .filter(|v| v.topology_id == version.id && v.generation == version.generation)
         {
             return Ok(Some(v.clone()));
         }
@@ -280,13 +283,22 @@ impl Hub {
                 None => views.remove(topology),
             }
         };
+        // A view of an earlier creation of this name says nothing about what
+        // the agents of this one run.
+        let old = old.filter(|o| new.as_ref().is_some_and(|n| n.topology_id == o.topology_id));
         let mut sessions = self.inner.sessions.lock().await;
-        let Some(new) = new else {
-            for ((t, _), entry) in sessions.iter() {
-                if t == topology {
-                    entry.send(reject(format!("topology {topology} was deleted")));
-                }
+        // Sessions of a deleted creation end here, also when the name was
+        // applied again before this notification was read: their agents are
+        // being removed, and none of them may take the new creation's state.
+        let current = new.as_ref().map(|n| n.topology_id);
+        sessions.retain(|(t, _), entry| {
+            if t != topology || Some(entry.topology_id) == current {
+                return true;
             }
+            entry.send(reject(format!("topology {topology} was deleted")));
+            false
+        });
+        let Some(new) = new else {
             return;
         };
         let affected = old.as_ref().map(|o| new.affected_nodes(o));

@@ -10,6 +10,9 @@ use std::collections::{BTreeMap, HashMap};
 /// A topology's desired state with its routes, computed once per generation and
 /// shared by every agent's snapshot.
 pub struct TopologyView {
+    /// The creation of the topology this view is of (its row id): a name
+    /// deleted and applied again starts at generation 1 again.
+    pub topology_id: i64,
     pub generation: i64,
     pub plan: Plan,
     pub hops: BTreeMap<String, Vec<NextHop>>,
@@ -119,6 +122,7 @@ impl TopologyView {
             .collect();
         let overlays = plan.nodes.iter().map(|n| n.overlay.to_string()).collect();
         TopologyView {
+            topology_id: 0,
             generation,
             plan,
             hops,

@@ -5,6 +5,7 @@
 
 pub mod cgroup;
 pub mod names;
+pub mod neigh;
 pub mod netlink;
 pub mod netns;
 pub mod packed;

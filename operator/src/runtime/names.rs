@@ -30,6 +30,37 @@ pub fn bridge(topology: &str) -> String {
     format!("{}-br", link_prefix(topology))
 }
 
+/// Nodes per bridge. A Linux bridge takes at most 1,024 ports (BR_MAX_PORTS),
+/// so larger topologies spread their nodes over segment bridges chained to the
+/// first one; 1,000 leaves the first bridge room for the chain's uplinks.
+pub const NODES_PER_BRIDGE: u32 = 1000;
+/// Segments the first bridge can chain: its 1,024 ports hold its own 1,000
+/// nodes and one uplink per further segment.
+pub const MAX_SEGMENTS: u32 = 1 + (1024 - NODES_PER_BRIDGE);
+
+/// Which bridge segment a node's veth joins.
+pub fn segment_of(node_index: u32) -> u32 {
+    node_index / NODES_PER_BRIDGE
+}
+
+/// The bridge of a segment: segment 0 is the topology's bridge itself.
+pub fn segment_bridge(topology: &str, segment: u32) -> String {
+    match segment {
+        0 => bridge(topology),
+        s => format!("{}-br{s}", link_prefix(topology)),
+    }
+}
+
+/// The two ends of the veth that chains a segment's bridge (`-u<s>`) to the
+/// first bridge (`-d<s>`).
+pub fn segment_uplink(topology: &str, segment: u32) -> (String, String) {
+    let prefix = link_prefix(topology);
+    (
+        format!("{prefix}-u{segment}"),
+        format!("{prefix}-d{segment}"),
+    )
+}
+
 pub fn veth_host(topology: &str, index: u32) -> String {
     format!("{}-{index}", link_prefix(topology))
 }
@@ -45,7 +76,8 @@ pub fn is_ours_netns(name: &str) -> bool {
 }
 
 /// Whether an interface name is one this runtime makes (`nm<tag>-br`,
-/// `nm<tag>-<index>`, `nm<tag>p<index>`).
+/// `nm<tag>-<index>`, `nm<tag>p<index>`, and for large topologies the segment
+/// bridges `nm<tag>-br<s>` and their uplinks `nm<tag>-u<s>`, `nm<tag>-d<s>`).
 pub fn is_ours_link(name: &str) -> bool {
     let b = name.as_bytes();
     if b.len() < 9 || !name.starts_with("nm") || !is_tag(&b[2..7]) {
@@ -54,6 +86,9 @@ pub fn is_ours_link(name: &str) -> bool {
     let rest = &name[7..];
     let digits = |s: &str| !s.is_empty() && s.bytes().all(|c| c.is_ascii_digit());
     rest == "-br"
+        || rest.strip_prefix("-br").is_some_and(digits)
+        || rest.strip_prefix("-u").is_some_and(digits)
+        || rest.strip_prefix("-d").is_some_and(digits)
         || rest.strip_prefix('-').is_some_and(digits)
         || rest.strip_prefix('p').is_some_and(digits)
 }
@@ -77,10 +112,29 @@ mod tests {
             "line3",
             "a-very-long-topology-name-with-many-characters",
         ] {
-            for name in [bridge(t), veth_host(t, 99_999), veth_peer(t, 99_999)] {
+            let (up, down) = segment_uplink(t, MAX_SEGMENTS - 1);
+            for name in [
+                bridge(t),
+                veth_host(t, 99_999),
+                veth_peer(t, 99_999),
+                segment_bridge(t, MAX_SEGMENTS - 1),
+                up,
+                down,
+            ] {
                 assert!(name.len() <= 15, "{name} is longer than 15 bytes");
             }
         }
+    }
+
+    #[test]
+    fn segments_keep_every_bridge_under_its_port_limit() {
+        let last_node = MAX_SEGMENTS * NODES_PER_BRIDGE - 1;
+        assert_eq!(segment_of(last_node), MAX_SEGMENTS - 1);
+        // The first bridge: its own nodes plus one uplink per other segment.
+        const { assert!(NODES_PER_BRIDGE + (MAX_SEGMENTS - 1) <= 1024) };
+        assert_eq!(segment_of(999), 0);
+        assert_eq!(segment_of(1000), 1);
+        assert_eq!(segment_bridge("t", 0), bridge("t"));
     }
 
     #[test]
@@ -94,7 +148,15 @@ mod tests {
     fn recognises_only_its_own_names() {
         let t = "line3";
         assert!(is_ours_netns(&netns(t, "a")));
-        for name in [bridge(t), veth_host(t, 12), veth_peer(t, 3)] {
+        let (up, down) = segment_uplink(t, 4);
+        for name in [
+            bridge(t),
+            veth_host(t, 12),
+            veth_peer(t, 3),
+            segment_bridge(t, 4),
+            up,
+            down,
+        ] {
             assert!(is_ours_link(&name), "{name}");
         }
         for other in [

@@ -204,6 +204,41 @@ pub async fn ensure_bridge(handle: &Handle, name: &str) -> Result<u32, RuntimeEr
     Ok(index)
 }
 
+/// Chains two bridges with a veth pair (`a_name` on `a_bridge`, `b_name` on
+/// `b_bridge`), unless the pair exists.
+pub async fn ensure_bridge_chain(
+    host: &Handle,
+    a_name: &str,
+    a_bridge: u32,
+    b_name: &str,
+    b_bridge: u32,
+) -> Result<(), RuntimeError> {
+    if link_index(host, a_name).await?.is_some() {
+        return Ok(());
+    }
+    host.link()
+        .add(LinkVeth::new(a_name, b_name).controller(a_bridge).build())
+        .execute()
+        .await?;
+    for name in [a_name, b_name] {
+        disable_ipv6(name);
+    }
+    host.link()
+        .set(
+            LinkUnspec::new_with_name(b_name)
+                .controller(b_bridge)
+                .up()
+                .build(),
+        )
+        .execute()
+        .await?;
+    host.link()
+        .set(LinkUnspec::new_with_name(a_name).up().build())
+        .execute()
+        .await?;
+    Ok(())
+}
+
 /// Creates a veth pair whose host end joins the bridge and whose other end is
 /// made directly inside the namespace, already named `inside_name`.
 ///

@@ -198,9 +198,10 @@ impl Runtime for NetnsRuntime {
     async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError> {
         let ns_prefix = names::netns_prefix(topology);
         let link_prefix = names::link_prefix(topology);
+        let doomed_prefix = ns_prefix.clone();
         let removed = sweep(
             process::find_agents(&ns_prefix),
-            |ns| ns.starts_with(&ns_prefix),
+            move |ns| ns.starts_with(&doomed_prefix),
             |link| link.starts_with(&link_prefix) && names::is_ours_link(link),
         )
         .await?;
@@ -235,16 +236,38 @@ impl NetnsRuntime {
             &self.credential_dir(topology).join(files::CA),
             &credentials.ca_pem,
         )?;
+        let segments = plan
+            .nodes
+            .iter()
+            .map(|n| names::segment_of(n.index) + 1)
+            .max()
+            .unwrap_or(1);
+        if segments > names::MAX_SEGMENTS {
+            return Err(RuntimeError::Conflict(format!(
+                "topology {topology} has {} nodes; namespace mode holds at most {} ({} bridges of {} nodes: a Linux bridge takes at most 1,024 ports)",
+                plan.nodes.len(),
+                names::MAX_SEGMENTS * names::NODES_PER_BRIDGE,
+                names::MAX_SEGMENTS,
+                names::NODES_PER_BRIDGE
+            )));
+        }
+        // Each end of a link holds a neighbour entry for the other in the
+        // kernel's one table; raise its limits before the first node exists.
+        for raised in super::neigh::make_room(2 * plan.links.len() as u64)? {
+            tracing::warn!(%topology, "{raised}");
+        }
         let host = connect_here()?;
-        let bridge_index = netlink::ensure_bridge(&host, &names::bridge(topology)).await?;
+        let bridges = ensure_segment_bridges(&host, topology, segments).await?;
         let hosts = hosts_file(plan);
         let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
             .map(|node| {
                 let hosts = &hosts;
+                let bridges = &bridges;
                 async move {
                     let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
                         RuntimeError::Conflict(format!("no credential for node {}", node.name))
                     })?;
+                    let bridge_index = bridges[names::segment_of(node.index) as usize];
                     let pid = self
                         .create_node(plan, node, bridge_index, hosts, credential)
                         .await
@@ -291,7 +314,8 @@ impl NetnsRuntime {
             .iter()
             .flat_map(|ns| process::find_agents_in(ns))
             .collect();
-        let removed = sweep(pids, |ns| namespaces.iter().any(|n| n == ns), |_| false).await?;
+        let doomed = namespaces.clone();
+        let removed = sweep(pids, move |ns| doomed.iter().any(|n| n == ns), |_| false).await?;
         let dir = self.credential_dir(topology);
         for node in nodes {
             for file in [files::token(node), files::cert(node), files::key(node)] {
@@ -315,17 +339,54 @@ impl NetnsRuntime {
     }
 }
 
+/// The topology's bridges, one per segment of `NODES_PER_BRIDGE` nodes, each
+/// chained to the first; returns their interface indexes by segment.
+async fn ensure_segment_bridges(
+    host: &rtnetlink::Handle,
+    topology: &str,
+    segments: u32,
+) -> Result<Vec<u32>, RuntimeError> {
+    let root = netlink::ensure_bridge(host, &names::bridge(topology)).await?;
+    let mut bridges = vec![root];
+    for segment in 1..segments {
+        let index = netlink::ensure_bridge(host, &names::segment_bridge(topology, segment)).await?;
+        let (up, down) = names::segment_uplink(topology, segment);
+        netlink::ensure_bridge_chain(host, &up, index, &down, root).await?;
+        bridges.push(index);
+    }
+    Ok(bridges)
+}
+
 /// Agents first (a namespace with a live process in it would linger), then
-/// namespaces and their /etc/netns files, then host interfaces.
+/// every other process still inside a doomed namespace (an application a user
+/// started with `nextmini exec`, an agent the supervisor restarted a moment
+/// ago), then namespaces and their /etc/netns files, then host interfaces. It
+/// returns only when those processes are gone, so `down` followed at once by
+/// `up` never meets the old agents.
 async fn sweep(
     pids: Vec<u32>,
-    netns_matches: impl Fn(&str) -> bool,
+    netns_matches: impl Fn(&str) -> bool + Send + 'static,
     link_matches: impl Fn(&str) -> bool,
 ) -> Result<Removed, RuntimeError> {
-    let processes =
-        tokio::task::spawn_blocking(move || process::stop(&pids, Duration::from_secs(2)))
-            .await
-            .map_err(|e| RuntimeError::Netlink(e.to_string()))?;
+    let (processes, netns_matches) = tokio::task::spawn_blocking(move || {
+        let mut stopped = process::stop(&pids, Duration::from_secs(2));
+        let doomed: Vec<PathBuf> = netlink::list_netns("")
+            .into_iter()
+            .filter(|ns| netns_matches(ns))
+            .map(|ns| netlink::netns_path(&ns))
+            .collect();
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            let inside = process::in_namespaces(&doomed);
+            if inside.is_empty() || std::time::Instant::now() > deadline {
+                break;
+            }
+            stopped += process::stop(&inside, Duration::from_millis(500));
+        }
+        (stopped, netns_matches)
+    })
+    .await
+    .map_err(|e| RuntimeError::Netlink(e.to_string()))?;
     let mut namespaces = 0;
     for ns in netlink::list_netns("") {
         if netns_matches(&ns) && netlink::delete_netns(&ns)? {

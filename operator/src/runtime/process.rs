@@ -154,3 +154,30 @@ pub fn find_agents_in(netns: &str) -> Vec<u32> {
         })
         .collect()
 }
+
+/// Pids of every process whose network namespace is one of the namespaces
+/// bound at `namespace_paths` (under /run/netns), whatever its command line:
+/// a namespace is only gone once nothing runs in it.
+pub fn in_namespaces(namespace_paths: &[std::path::PathBuf]) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let inodes: std::collections::HashSet<(u64, u64)> = namespace_paths
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok())
+        .map(|m| (m.dev(), m.ino()))
+        .collect();
+    if inodes.is_empty() {
+        return vec![];
+    }
+    let Ok(proc_dir) = std::fs::read_dir("/proc") else {
+        return vec![];
+    };
+    proc_dir
+        .filter_map(|e| e.ok())
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| inodes.contains(&(m.dev(), m.ino())))
+        })
+        .filter(|pid| is_running(*pid))
+        .collect()
+}

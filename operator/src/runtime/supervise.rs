@@ -42,11 +42,22 @@ async fn sweep(runtime: &NetnsRuntime, store: &Store) -> anyhow::Result<()> {
                 continue;
             };
             match runtime.start_agent(&topology, planned) {
+                // `down` may have deleted the rows (and be sweeping the namespace)
+                // since the status was read: the pid is recorded only over the dead
+                // one, and an agent nobody recorded is stopped again.
                 Ok(new_pid) => {
-                    tracing::warn!(%topology, node = %node.name, old_pid = pid, new_pid, "agent died; restarted it");
-                    store
-                        .set_node_pid(&topology, &node.name, Some(new_pid as i32))
+                    if store
+                        .replace_node_pid(&topology, &node.name, pid, new_pid as i32)
+                        .await?
+                    {
+                        tracing::warn!(%topology, node = %node.name, old_pid = pid, new_pid, "agent died; restarted it");
+                    } else {
+                        tracing::info!(%topology, node = %node.name, "node removed while its agent restarted; stopping it");
+                        tokio::task::spawn_blocking(move || {
+                            process::stop(&[new_pid], Duration::from_secs(2))
+                        })
                         .await?;
+                    }
                 }
                 Err(e) => {
                     tracing::warn!(%topology, node = %node.name, error = %e, "restarting agent failed")

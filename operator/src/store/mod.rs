@@ -5,6 +5,7 @@
 
 mod counters;
 mod flows;
+mod forwarding;
 pub mod identity;
 mod metrics;
 mod plan_rows;
@@ -13,6 +14,7 @@ mod status;
 
 pub use counters::CounterRow;
 pub use flows::{FlowResultRow, FlowRow, Readiness, ReceivedRow, SentRow, flow_status, route_name};
+pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
 pub use routes::{RouteRow, RouteRuleRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
@@ -53,6 +55,15 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 #[derive(Clone)]
 pub struct Store {
     pool: PgPool,
+}
+
+/// A topology row's identity and generation. A name deleted and applied again
+/// is a new creation (a new `id`) whose generation starts again at 1, so a
+/// generation alone never tells two creations apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Version {
+    pub id: i64,
+    pub generation: i64,
 }
 
 /// What the hub needs to check an agent's Hello.
@@ -248,7 +259,28 @@ impl Store {
 
     /// The desired state of a topology as a plan, with its generation.
     pub async fn load_plan(&self, topology: &str) -> Result<Option<(Plan, i64)>> {
+        Ok(self
+            .load_plan_version(topology)
+            .await?
+            .map(|(plan, v)| (plan, v.generation)))
+    }
+
+    /// The desired state of a topology as a plan, with the creation and
+    /// generation it was read at.
+    pub async fn load_plan_version(&self, topology: &str) -> Result<Option<(Plan, Version)>> {
         plan_rows::load(&self.pool, topology).await
+    }
+
+    /// Which creation of the named topology exists now, and at which generation.
+    pub async fn version(&self, topology: &str) -> Result<Option<Version>> {
+        let row = sqlx::query("SELECT id, generation FROM topologies WHERE name = $1")
+            .bind(topology)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.map(|r| Version {
+            id: r.get("id"),
+            generation: r.get("generation"),
+        }))
     }
 
     pub async fn node_identity(&self, topology: &str, node: &str) -> Result<Option<NodeIdentity>> {
@@ -277,6 +309,34 @@ impl Store {
         .execute(&self.pool)
         .await?;
         Ok(())
+    }
+
+    /// Records `new` as the node's agent pid only if the row still names `old`:
+    /// false when the node (or its whole topology) was removed, or another
+    /// process already replaced the agent, in the meantime.
+    pub async fn replace_node_pid(
+        &self,
+        topology: &str,
+        node: &str,
+        old: i32,
+        new: i32,
+    ) -> Result<bool> {
+        let done = sqlx::query(
+            "UPDATE nodes SET pid = $4 FROM topologies t \
+             WHERE t.id = nodes.topology_id AND t.name = $1 AND nodes.name = $2 AND nodes.pid = $3",
+        )
+        .bind(topology)
+        .bind(node)
+        .bind(old)
+        .bind(new)
+        .execute(&self.pool)
+        .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// The topology's links that do not forward yet, each with the reason.
+    pub async fn links_not_forwarding(&self, topology: &str) -> Result<Vec<LinkNotForwarding>> {
+        forwarding::links_not_forwarding(&self.pool, topology).await
     }
 
     /// Records the agent's stream state (`connected` / `disconnected`).

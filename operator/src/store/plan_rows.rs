@@ -185,7 +185,7 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
     Ok(())
 }
 
-pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)>> {
+pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, super::Version)>> {
     let Some(t) = sqlx::query(
         "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms FROM topologies WHERE name = $1",
     )
@@ -286,7 +286,11 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, i64)
         links,
         flows,
     };
-    Ok(Some((plan, t.get("generation"))))
+    let version = super::Version {
+        id,
+        generation: t.get("generation"),
+    };
+    Ok(Some((plan, version)))
 }
 
 fn params_json(plan: &Plan, p: &LinkParams) -> Result<String> {

@@ -287,6 +287,9 @@ async fn change(
     Ok(())
 }
 
+/// Waits until every agent runs `generation` and then until every link
+/// forwards (both ends connected, a probe across it): `up` means the network
+/// carries traffic, not only that the agents took their configuration.
 async fn wait_ready(
     local: &Local,
     store: &Store,
@@ -294,12 +297,24 @@ async fn wait_ready(
     generation: i64,
     timeout: Duration,
 ) -> anyhow::Result<()> {
+    let deadline = Instant::now() + timeout;
+    wait_acked(local, store, plan, generation, deadline, timeout).await?;
+    wait_forwarding(local, store, plan, deadline, timeout).await
+}
+
+async fn wait_acked(
+    local: &Local,
+    store: &Store,
+    plan: &Plan,
+    generation: i64,
+    deadline: Instant,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let topology = &plan.topology;
     let bar = progress_bar(
         plan.nodes.len() as u64,
         &format!("{topology}: agents ready"),
     );
-    let deadline = Instant::now() + timeout;
     loop {
         let (ready, total) = store.ack_progress(topology, generation).await?;
         bar.set_position(ready as u64);
@@ -326,6 +341,50 @@ async fn wait_ready(
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Links named in a failure message; the rest are counted.
+const LINKS_NAMED: usize = 20;
+
+async fn wait_forwarding(
+    local: &Local,
+    store: &Store,
+    plan: &Plan,
+    deadline: Instant,
+    timeout: Duration,
+) -> anyhow::Result<()> {
+    let topology = &plan.topology;
+    let total = plan.links.len() as u64;
+    let bar = progress_bar(total, &format!("{topology}: links forwarding"));
+    loop {
+        let waiting = store.links_not_forwarding(topology).await?;
+        bar.set_position(total.saturating_sub(waiting.len() as u64));
+        if waiting.is_empty() {
+            bar.finish_and_clear();
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bar.finish_and_clear();
+            let named: Vec<String> = waiting
+                .iter()
+                .take(LINKS_NAMED)
+                .map(|l| format!("  {}: {}", l.link, l.reason))
+                .collect();
+            let more = waiting.len().saturating_sub(LINKS_NAMED);
+            bail!(
+                "{} of {total} links of {topology} do not forward after {timeout:?}:\n{}{} (agent logs in {})",
+                waiting.len(),
+                named.join("\n"),
+                if more > 0 {
+                    format!("\n  … and {more} more")
+                } else {
+                    String::new()
+                },
+                local.runtime()?.log_dir(topology).display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 

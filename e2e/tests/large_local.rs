@@ -1,0 +1,109 @@
+//! Namespace mode past the host-wide limits its own nodes used to exhaust: a
+//! ring of 1,100 nodes needs more bridge ports than one Linux bridge has
+//! (1,024) and more neighbour entries than the kernel's default table holds
+//! (1,024 for every namespace together). `up` succeeds only when every link
+//! forwards, and traffic crosses the ring to its farthest node.
+
+use nextmini_e2e::{Env, interfaces_of, namespaces_of};
+use std::time::{Duration, Instant};
+
+const NODES: u32 = 1100;
+const NEIGH: &str = "/proc/sys/net/ipv4/neigh/default";
+
+/// Puts the kernel's neighbour-table limits back to their defaults for the
+/// test (an earlier run, or `up` itself, may have raised them, which would hide
+/// a runtime that no longer sizes them), and restores what was there after.
+struct NeighbourDefaults(Vec<(String, String)>);
+
+impl NeighbourDefaults {
+    fn set() -> NeighbourDefaults {
+        let mut saved = Vec::new();
+        // thresh2 first on the way down: it must never exceed thresh3.
+        for (setting, default) in [("gc_thresh2", "512"), ("gc_thresh3", "1024")] {
+            let path = format!("{NEIGH}/{setting}");
+            let was = std::fs::read_to_string(&path).expect("neighbour sysctl");
+            std::fs::write(&path, default).expect("setting neighbour sysctl");
+            saved.push((path, was.trim().to_string()));
+        }
+        NeighbourDefaults(saved)
+    }
+}
+
+impl Drop for NeighbourDefaults {
+    fn drop(&mut self) {
+        for (path, was) in self.0.iter().rev() {
+            let _ = std::fs::write(path, was);
+        }
+    }
+}
+
+#[test]
+fn a_1100_node_ring_forwards_end_to_end() {
+    let _defaults = NeighbourDefaults::set();
+    let mut env = Env::new("ring1100");
+    let manifest = env.state_dir.join("ring.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: ring{NODES}\nspec:\n  generator: {{ring: {{nodes: {NODES}}}}}\n"
+        ),
+    )
+    .expect("manifest");
+    let topology = format!("ring{NODES}");
+    let started = Instant::now();
+    env.ok(&[
+        "up",
+        "-f",
+        manifest.to_str().expect("path"),
+        "--timeout-secs",
+        "300",
+    ]);
+    eprintln!("{NODES}-node ring up in {:.1?}", started.elapsed());
+
+    // `up` returned: every link forwards, as status agrees.
+    let status = env.ok(&["status", &topology]);
+    assert!(
+        status.contains(&format!("links up {NODES}/{NODES}")),
+        "status after up: {}",
+        status.lines().take(5).collect::<Vec<_>>().join("\n")
+    );
+
+    let far = format!("n{}", NODES / 2);
+    let last = format!("n{}", NODES - 1);
+    for target in ["n1", far.as_str(), last.as_str()] {
+        let out = env.exec("n0", &["ping", "-c", "3", "-W", "5", target]);
+        assert!(
+            out.status.success(),
+            "n0 cannot ping {target} in the {NODES}-node ring: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    // An application's connection across the farthest path (550 hops).
+    let www = env.state_dir.join("www");
+    std::fs::create_dir_all(&www).expect("www");
+    std::fs::write(www.join("index.html"), "far side\n").expect("index");
+    env.serve_http(&far, &www);
+    env.wait_for(
+        &format!("curl n0 → {far}"),
+        Duration::from_secs(30),
+        || {
+            let out = env.exec(
+                "n0",
+                &[
+                    "curl",
+                    "-s",
+                    "--max-time",
+                    "5",
+                    &format!("http://{far}:8000/index.html"),
+                ],
+            );
+            String::from_utf8_lossy(&out.stdout).contains("far side")
+        },
+    );
+
+    let started = Instant::now();
+    env.ok(&["down", &topology]);
+    eprintln!("{NODES}-node ring down in {:.1?}", started.elapsed());
+    assert!(namespaces_of(&topology).is_empty(), "namespaces left");
+    assert!(interfaces_of(&topology).is_empty(), "interfaces left");
+}
