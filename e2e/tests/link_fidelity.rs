@@ -188,6 +188,27 @@ fn links_match_their_configuration() {
     );
 }
 
+/// `Udp: InDatagrams` of a node's network namespace (/proc/net/snmp as seen
+/// from inside it).
+fn udp_in_datagrams(env: &Env, node: &str) -> i64 {
+    let out = env.exec(node, &["cat", "/proc/net/snmp"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (
+        udp.next().expect("Udp header"),
+        udp.next().expect("Udp values"),
+    );
+    let column = names
+        .split_whitespace()
+        .position(|n| n == "InDatagrams")
+        .expect("InDatagrams column");
+    values
+        .split_whitespace()
+        .nth(column)
+        .and_then(|v| v.parse().ok())
+        .expect("InDatagrams value")
+}
+
 #[test]
 fn links_change_live_and_quic_links_carry_traffic() {
     let mut env = Env::new("live");
@@ -216,6 +237,7 @@ fn links_change_live_and_quic_links_carry_traffic() {
     .expect("file");
     env.serve_http("a", &www);
     env.wait_for_http("c", "a");
+    let udp_before = udp_in_datagrams(&env, "b");
     let fetched = env.state_dir.join("fetched");
     let curl = env.exec(
         "c",
@@ -240,6 +262,27 @@ fn links_change_live_and_quic_links_carry_traffic() {
         "the file on the QUIC link's counters",
         Duration::from_secs(5),
         || link_counter(&env, "live", "a-b", "b", "rx_bytes") >= 20_000_000,
+    );
+    // The transport itself: the 20 MB reached b as UDP datagrams (QUIC), and no
+    // TCP connection joins a's and b's underlay addresses. Over a TCP link b's
+    // UDP counter would not move. (Even fully GRO-coalesced, 20 MB is over 300
+    // datagrams of at most 64 KiB.)
+    let udp = udp_in_datagrams(&env, "b") - udp_before;
+    assert!(
+        udp > 300,
+        "b received {udp} UDP datagrams during a 20 MB transfer over the QUIC link a-b"
+    );
+    let a_underlay = env.psql(
+        "SELECT host(n.underlay_addr::inet) FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = 'live' AND n.name = 'a'",
+    );
+    let tcp = env.exec("b", &["ss", "-Htn", "state", "established"]);
+    let tcp = String::from_utf8_lossy(&tcp.stdout);
+    assert!(
+        !tcp.contains(&format!("{a_underlay}:")),
+        "a TCP connection joins a ({a_underlay}) and b on the underlay of a QUIC link:\n{tcp}"
+    );
+    println!(
+        "QUIC link a-b: {udp} UDP datagrams into b for the 20 MB file, no TCP on its underlay"
     );
 
     // Rate 100 → 20 Mbit/s while iperf3 runs: the new rate holds within a second,

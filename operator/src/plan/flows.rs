@@ -145,6 +145,22 @@ fn workload(origin: &str, spec: &FlowSpec, errors: &mut ValidationErrors) {
                 "max mode runs at the speed of the machine; a rate does not apply (remove it or use mode normal)",
             );
         }
+        // Max mode's instances are the kernel's own TCP connections, relayed
+        // past the synthetic stack and the link pipeline: none of these reach them.
+        for (field, set) in [
+            ("spec.window", spec.window.is_some()),
+            ("spec.congestionControl", spec.congestion_control.is_some()),
+            ("spec.dscp", spec.dscp.is_some()),
+            ("spec.dscpBySize", spec.dscp_by_size.is_some()),
+        ] {
+            if set {
+                errors.push(
+                    origin,
+                    field,
+                    "max mode relays kernel TCP connections past the emulated links; this does not apply (remove it or use mode normal)",
+                );
+            }
+        }
     }
     match spec.window {
         None => {}

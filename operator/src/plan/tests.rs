@@ -917,3 +917,16 @@ fn link_objects_and_empty_paths_are_checked_too() {
     );
     assert_eq!(errors.len(), 2, "{}", ValidationErrors(errors.clone()));
 }
+
+#[test]
+fn namespace_mode_refuses_application_containers_by_field() {
+    let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: t}\nspec:\n  nodes:\n  - {name: a}\n  - name: b\n    containers: [{name: web, image: 'docker.io/nextmini/tools:dev'}]\n  links: [{endpoints: [a, b]}]\n";
+    let manifest = parse("t.yaml", text);
+    // Valid for a cluster (pod per node) ...
+    assert_eq!(plan_manifest(&manifest).expect("plans").len(), 1);
+    // ... but namespace mode would drop the containers without a word.
+    let errors = check_local(&manifest).expect_err("refused locally");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["spec.nodes[1].containers"]);
+    assert!(check_local(&parse("line3.yaml", LINE3)).is_ok());
+}

@@ -77,6 +77,19 @@ fn packing(draft: &Draft, errors: &mut ValidationErrors) {
             );
         }
     }
+    // A packed node is a namespace inside a worker pod: there is no pod of its
+    // own for application containers to join.
+    if packed {
+        for (i, node) in spec.nodes.iter().enumerate() {
+            if !node.containers.is_empty() {
+                errors.push(
+                    origin,
+                    format!("spec.nodes[{i}].containers"),
+                    "packed nodes are namespaces inside worker pods and have no containers of their own: use placement pod-per-node, or start applications with `nextmini exec`",
+                );
+            }
+        }
+    }
     if spec.nodes_per_worker.is_some() && spec.workers.is_some() {
         errors.push(
             origin,
@@ -273,4 +286,22 @@ fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors)
         }
     }
     Graph::new(nodes.iter().copied(), good)
+}
+
+/// What namespace mode (`nextmini up`, no cluster) cannot honour: a field it
+/// would otherwise accept and silently drop.
+pub fn check_local(m: &super::Manifest) -> Result<(), ValidationErrors> {
+    let mut errors = ValidationErrors::default();
+    for doc in &m.topologies {
+        for (i, node) in doc.object.spec.nodes.iter().enumerate() {
+            if !node.containers.is_empty() {
+                errors.push(
+                    &doc.origin,
+                    format!("spec.nodes[{i}].containers"),
+                    "application containers run only in a cluster (one pod per node); in namespace mode start applications with `nextmini exec <node> -- <command>`",
+                );
+            }
+        }
+    }
+    errors.into_result(())
 }

@@ -39,6 +39,7 @@ pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
         .unwrap_or_else(|| file.display().to_string());
     let manifest = plan::parse_manifest(&source, &text).map_err(invalid)?;
     let plans = plan::plan_manifest(&manifest).map_err(invalid)?;
+    plan::check_local(&manifest).map_err(invalid)?;
     if plans.is_empty() {
         bail!("{source}: no Topology document");
     }
