@@ -5,7 +5,7 @@
 //! forwards, and traffic crosses the ring to its farthest node.
 
 use nextmini_e2e::{Env, interfaces_of, namespaces_of};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 const NODES: u32 = 1100;
 const NEIGH: &str = "/proc/sys/net/ipv4/neigh/default";
@@ -86,22 +86,20 @@ fn a_1100_node_ring_forwards_end_to_end() {
     std::fs::create_dir_all(&www).expect("www");
     std::fs::write(www.join("index.html"), "far side\n").expect("index");
     env.serve_http(&far, &www);
-    env.wait_for(
-        &format!("curl n0 → {far}"),
-        Duration::from_secs(30),
-        || {
-            let out = env.exec(
-                "n0",
-                &[
-                    "curl",
-                    "-s",
-                    "--max-time",
-                    "5",
-                    &format!("http://{far}:8000/index.html"),
-                ],
-            );
-            String::from_utf8_lossy(&out.stdout).contains("far side")
-        },
+    env.wait_for_http("n0", &far);
+    let page = env.exec(
+        "n0",
+        &[
+            "curl",
+            "-s",
+            "--max-time",
+            "5",
+            &format!("http://{far}:8000/index.html"),
+        ],
+    );
+    assert!(
+        String::from_utf8_lossy(&page.stdout).contains("far side"),
+        "curl n0 → {far} did not get the page"
     );
 
     let started = Instant::now();

@@ -77,19 +77,6 @@ fn packing(draft: &Draft, errors: &mut ValidationErrors) {
             );
         }
     }
-    // A packed node is a namespace inside a worker pod: there is no pod of its
-    // own for application containers to join.
-    if packed {
-        for (i, node) in spec.nodes.iter().enumerate() {
-            if !node.containers.is_empty() {
-                errors.push(
-                    origin,
-                    format!("spec.nodes[{i}].containers"),
-                    "packed nodes are namespaces inside worker pods and have no containers of their own: use placement pod-per-node, or start applications with `nextmini exec`",
-                );
-            }
-        }
-    }
     if spec.nodes_per_worker.is_some() && spec.workers.is_some() {
         errors.push(
             origin,

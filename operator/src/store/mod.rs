@@ -250,11 +250,7 @@ impl Store {
 
     /// The topology's current generation, or `None` when it does not exist.
     pub async fn generation(&self, topology: &str) -> Result<Option<i64>> {
-        let row = sqlx::query("SELECT generation FROM topologies WHERE name = $1")
-            .bind(topology)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.get("generation")))
+        Ok(self.version(topology).await?.map(|v| v.generation))
     }
 
     /// The desired state of a topology as a plan, with its generation.
