@@ -30,8 +30,9 @@ commands=(ip ping curl python3 cc pkg-config psql)
 # Only the tests: iperf3 measures link fidelity; prometheus and chromium: the
 # observability e2e suite scrapes a topology with a real Prometheus and renders
 # the HTML topology graph headless; openssl: the isolation suite forges a client
-# certificate outside the control CA.
-$testing && commands+=(iperf3 prometheus chromium openssl)
+# certificate outside the control CA; traceroute: the TTL suite sees the
+# emulated routers.
+$testing && commands+=(iperf3 prometheus chromium openssl traceroute)
 for cmd in "${commands[@]}"; do
   if ! have "$cmd"; then
     case "$cmd" in

@@ -430,6 +430,7 @@ pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &
         "drops_queue",
         "drops_aqm",
         "drops_loss",
+        "drops_loop",
         "ecn_marks",
         "connects",
     ];

@@ -74,7 +74,7 @@ fn contract() -> Vec<(&'static str, Vec<&'static str>, Values)> {
         (
             "nextmini_link_drops_total",
             link.clone(),
-            vec![("cause", vec!["handoff", "queue", "aqm", "loss"])],
+            vec![("cause", vec!["handoff", "queue", "aqm", "loss", "loop"])],
         ),
         ("nextmini_link_ecn_marks_total", link.clone(), vec![]),
         ("nextmini_link_queue_packets", link.clone(), vec![]),
@@ -94,7 +94,10 @@ fn contract() -> Vec<(&'static str, Vec<&'static str>, Values)> {
         (
             "nextmini_agent_drops_total",
             agent.clone(),
-            vec![("cause", vec!["no_route", "hop_limit", "malformed"])],
+            vec![(
+                "cause",
+                vec!["no_route", "hop_limit", "ttl_expired", "malformed"],
+            )],
         ),
         ("nextmini_hub_connected_agents", vec!["topology"], vec![]),
         (

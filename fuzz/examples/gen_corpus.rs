@@ -608,6 +608,7 @@ fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     queue_packets: 7,
                     queue_bytes: 8_000,
                     rtt_us: 250,
+                    drops_loop: 9,
                 }],
                 unix_ms: 1_700_000_000_000,
             })),

@@ -21,6 +21,8 @@ pub struct LinkCounters {
     pub queue_bytes: AtomicU64,
     /// Latest keepalive round trip of the connection, microseconds (0 = none yet).
     pub rtt_us: AtomicU64,
+    /// Packets that reached the hop limit on their way out over this link.
+    pub drops_loop: AtomicU64,
 }
 
 impl LinkCounters {
@@ -67,15 +69,18 @@ impl LinkCounters {
             queue_packets: self.queue_packets.load(Relaxed),
             queue_bytes: self.queue_bytes.load(Relaxed),
             rtt_us: self.rtt_us.load(Relaxed),
+            drops_loop: self.drops_loop.load(Relaxed),
         }
     }
 }
 
-/// Drops that belong to no link (no route, hop limit, unparsable packet).
+/// Drops that belong to no link (no route, hop limit, expired TTL, unparsable packet).
 #[derive(Debug, Default)]
 pub struct NodeCounters {
     pub no_route: AtomicU64,
     pub hop_limit: AtomicU64,
+    /// Packets whose TTL or hop limit ran out here (`ttl: decrement`).
+    pub ttl_expired: AtomicU64,
     pub malformed: AtomicU64,
     pub tun_rx_packets: AtomicU64,
     pub tun_tx_packets: AtomicU64,

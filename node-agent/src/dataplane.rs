@@ -235,6 +235,7 @@ impl Dataplane {
     ) -> Result<(), ApplyError> {
         let map = self.build_links(&links, context)?;
         let table = RouteTable::from_proto(&routes, |name| map.get(name).cloned())?;
+        let table = self.with_ttl_mode(table)?;
         let view = self.relay_view(&links, &routes)?;
         // Links first, so the listener knows every link the new routes may use;
         // then the routes, in one swap: a flow sees the old table or the new one.
@@ -246,6 +247,34 @@ impl Dataplane {
         self.current_links = links;
         self.current_routes = routes;
         Ok(())
+    }
+
+    /// Applies the node's `ttl` setting to a new table: as a router, the node
+    /// answers expired packets from its overlay address.
+    fn with_ttl_mode(
+        &self,
+        table: RouteTable<Arc<LinkHandle>>,
+    ) -> Result<RouteTable<Arc<LinkHandle>>, ApplyError> {
+        let ttl = self
+            .current_node
+            .dataplane
+            .as_ref()
+            .map_or("", |d| d.ttl.as_str());
+        match ttl {
+            "" | "transparent" => Ok(table),
+            "decrement" => {
+                let overlay = self
+                    .identity
+                    .as_ref()
+                    .map(|i| i.overlay)
+                    .ok_or(ApplyError::NoSnapshot)?;
+                Ok(table.with_ttl_decrement(overlay))
+            }
+            other => Err(invalid(
+                "node.dataplane.ttl",
+                format!("`{other}` is neither transparent nor decrement"),
+            )),
+        }
     }
 
     /// The relays' view of the new config. A SOCKS server the agent has no

@@ -1,18 +1,20 @@
 //! Link frames: how packets and link-control messages travel over a TCP link.
 //!
 //! ```text
-//!  0               4        5        6        7        8               12
-//! +---------------+--------+--------+--------+--------+---------------+---------+
-//! | len: u32      | ver=1  | kind   | hops   | flags  | label: u32    | payload |
-//! +---------------+--------+--------+--------+--------+---------------+---------+
+//!  0               4        5        6        7                9               13
+//! +---------------+--------+--------+--------+----------------+---------------+---------+
+//! | len: u32      | ver=2  | kind   | flags  | hops: u16      | label: u32    | payload |
+//! +---------------+--------+--------+--------+----------------+---------------+---------+
 //! ```
 //!
 //! All integers are big endian. `len` counts the bytes after itself (the rest of the
 //! header plus the payload), so a reader knows the frame boundary from the first four
 //! bytes. `label` is the route id of a label-switched explicit route, so a transit
 //! node can forward without parsing the IP packet; 0 means "route by destination".
-//! `hops` grows by one at each transit node and lets the dataplane drop frames caught
-//! in a routing loop (see [`FrameHeader::forwarded`]).
+//! `hops` counts the links the packet has crossed; the dataplane drops a packet whose
+//! count reaches the topology's hop limit as looping (see `hop_limit.rs`). It is 16
+//! bits wide so that no planned path is too long for it: version 1 had 8 bits and a
+//! fixed guard of 64, which cut every path longer than 64 links.
 //!
 //! `flags` bit 0 ([`FLAG_OFFLOAD`], data frames only): the payload starts with
 //! [`OFFLOAD_LEN`] bytes of TUN offload metadata (`flags u8 | gso_type u8 | hdr_len u16 |
@@ -29,9 +31,9 @@ use thiserror::Error;
 use tokio_util::codec::{Decoder, Encoder};
 
 /// Wire version written into, and required from, every frame.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Bytes of header, including the length field.
-pub const HEADER_LEN: usize = 12;
+pub const HEADER_LEN: usize = 13;
 /// Largest IP packet (IPv4 total length is a u16).
 pub const MAX_PACKET: usize = 65_535;
 /// Data-frame flag: offload metadata precedes the packet.
@@ -40,8 +42,6 @@ pub const FLAG_OFFLOAD: u8 = 0x01;
 pub const OFFLOAD_LEN: usize = 10;
 /// Largest payload accepted: the largest IP packet with its offload metadata.
 pub const MAX_PAYLOAD: usize = MAX_PACKET + OFFLOAD_LEN;
-/// A frame that has been forwarded more often than this is in a routing loop.
-pub const MAX_HOPS: u8 = 64;
 
 /// Bytes of header after the length field; the smallest legal `len`.
 const LEN_FIELD: usize = 4;
@@ -93,7 +93,7 @@ impl FrameKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameHeader {
     pub kind: FrameKind,
-    pub hops: u8,
+    pub hops: u16,
     /// Reserved; written as given and carried through, no meaning assigned yet.
     pub flags: u8,
     /// Route id of a label-switched route; 0 = route by destination address.
@@ -112,16 +112,9 @@ impl FrameHeader {
             payload_len,
         }
     }
-
-    /// The header a transit node sends on, or `None` when the frame has now been
-    /// forwarded more than [`MAX_HOPS`] times and must be dropped as looping.
-    pub fn forwarded(self) -> Option<Self> {
-        let hops = self.hops.checked_add(1).filter(|&h| h <= MAX_HOPS)?;
-        Some(Self { hops, ..self })
-    }
 }
 
-/// Writes the 12-byte header. `h.payload_len` is written as is; the caller must keep it
+/// Writes the 13-byte header. `h.payload_len` is written as is; the caller must keep it
 /// at most [`MAX_PAYLOAD`] (peers reject larger frames). [`FrameCodec`] checks this.
 pub fn encode_header(h: &FrameHeader, out: &mut impl BufMut) {
     debug_assert!(
@@ -134,8 +127,8 @@ pub fn encode_header(h: &FrameHeader, out: &mut impl BufMut) {
     out.put_u32((MIN_LEN as u32).saturating_add(h.payload_len));
     out.put_u8(VERSION);
     out.put_u8(h.kind as u8);
-    out.put_u8(h.hops);
     out.put_u8(h.flags);
+    out.put_u16(h.hops);
     out.put_u32(h.label);
 }
 
@@ -176,9 +169,9 @@ pub fn decode(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError> {
     }
     let header = FrameHeader {
         kind,
-        hops: header[6],
-        flags: header[7],
-        label: u32::from_be_bytes([header[8], header[9], header[10], header[11]]),
+        flags: header[6],
+        hops: u16::from_be_bytes([header[7], header[8]]),
+        label: u32::from_be_bytes([header[9], header[10], header[11], header[12]]),
         payload_len: len - MIN_LEN as u32,
     };
     Ok(Some((header, total)))
@@ -260,7 +253,7 @@ impl Encoder<Frame> for FrameCodec {
 /// metadata, if any, and the packet are copied once, into the write buffer.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DataFrame {
-    pub hops: u8,
+    pub hops: u16,
     pub label: u32,
     /// Sets [`FLAG_OFFLOAD`] and goes in front of the packet.
     pub offload: Option<[u8; OFFLOAD_LEN]>,
@@ -428,7 +421,7 @@ mod tests {
         };
         let mut out = Vec::new();
         encode_header(&h, &mut out);
-        assert_eq!(out, [0, 0, 0, 11, 1, 2, 7, 0x5a, 1, 2, 3, 4]);
+        assert_eq!(out, [0, 0, 0, 12, 2, 2, 0x5a, 0, 7, 1, 2, 3, 4]);
         assert_eq!(out.len(), HEADER_LEN);
     }
 
@@ -479,16 +472,17 @@ mod tests {
 
     #[test]
     fn rejects_bad_version_as_soon_as_seen() {
-        let err = decode(&[0, 0, 0, 8, 2]).expect_err("version 2");
-        assert!(matches!(err, FrameError::BadVersion(2)), "{err}");
-        let err = decode(&[0, 0, 0, 8, 0, 1, 0, 0, 0, 0, 0, 0]).expect_err("version 0");
+        // Version 1 peers (8-bit hop counts) are refused, not misread.
+        let err = decode(&[0, 0, 0, 9, 1]).expect_err("version 1");
+        assert!(matches!(err, FrameError::BadVersion(1)), "{err}");
+        let err = decode(&[0, 0, 0, 9, 0, 1, 0, 0, 0, 0, 0, 0, 0]).expect_err("version 0");
         assert!(matches!(err, FrameError::BadVersion(0)), "{err}");
     }
 
     #[test]
     fn rejects_unknown_kind() {
         for kind in [0u8, 4, 255] {
-            let err = decode(&[0, 0, 0, 8, 1, kind]).expect_err("unknown kind");
+            let err = decode(&[0, 0, 0, 9, VERSION, kind]).expect_err("unknown kind");
             assert!(
                 matches!(err, FrameError::UnknownKind(k) if k == kind),
                 "{err}"
@@ -511,10 +505,10 @@ mod tests {
     fn length_limits_are_exact() {
         let max = (MIN_LEN + MAX_PAYLOAD) as u32;
         let mut ok = max.to_be_bytes().to_vec();
-        ok.extend_from_slice(&[1, 1]);
+        ok.extend_from_slice(&[VERSION, 1]);
         assert!(matches!(decode(&ok), Ok(None)));
         let mut too_big = (max + 1).to_be_bytes().to_vec();
-        too_big.extend_from_slice(&[1, 1]);
+        too_big.extend_from_slice(&[VERSION, 1]);
         assert!(matches!(decode(&too_big), Err(FrameError::Oversize { .. })));
         assert!(matches!(
             decode(&u32::MAX.to_be_bytes()),
@@ -648,16 +642,15 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_counts_hops_and_stops_loops() {
-        let mut h = FrameHeader::new(FrameKind::Data, 5, 100);
-        for expected in 1..=MAX_HOPS {
-            h = h.forwarded().expect("within budget");
-            assert_eq!(h.hops, expected);
-            assert_eq!(h.label, 5);
-        }
-        assert_eq!(h.forwarded(), None);
-        h.hops = u8::MAX;
-        assert_eq!(h.forwarded(), None);
+    fn hop_counts_past_255_survive_the_wire() {
+        // A 300-node line's last transit node sees 298; version 1's u8 wrapped.
+        let h = FrameHeader {
+            hops: 298,
+            ..FrameHeader::new(FrameKind::Data, 5, 0)
+        };
+        let mut out = Vec::new();
+        encode_header(&h, &mut out);
+        assert_eq!(decode(&out).expect("valid"), Some((h, HEADER_LEN)));
     }
 
     #[test]
@@ -741,7 +734,7 @@ mod tests {
     fn frame(max_payload: usize) -> impl Strategy<Value = Frame> {
         (
             kind(),
-            any::<u8>(),
+            any::<u16>(),
             any::<u8>(),
             any::<u32>(),
             proptest::collection::vec(any::<u8>(), 0..=max_payload),

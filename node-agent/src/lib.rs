@@ -8,6 +8,7 @@
 
 pub mod flow;
 pub mod frame;
+pub mod hop_limit;
 pub mod jump_hash;
 pub mod routing;
 pub mod sched;
@@ -32,4 +33,5 @@ pub mod quic;
 pub mod relay;
 pub mod socks;
 pub mod timer;
+pub mod ttl;
 pub mod tun_io;

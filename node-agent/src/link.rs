@@ -501,7 +501,7 @@ async fn resolve(peer: &str) -> Result<SocketAddr, String> {
 pub struct Outbound {
     pub data: BytesMut,
     pub label: u32,
-    pub hops: u8,
+    pub hops: u16,
     /// Left undone by the sending kernel; only on links that pass super-packets.
     pub offload: Offload,
 }

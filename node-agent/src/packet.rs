@@ -10,7 +10,7 @@ pub struct Packet {
     /// Route id from the link frame (0 = route by destination address).
     pub label: u32,
     /// Transit hops so far; bounded to catch routing loops.
-    pub hops: u8,
+    pub hops: u16,
     /// What the sending kernel left undone: a super-packet still to be cut into
     /// segments, or a checksum still to be finished. Default: nothing.
     pub offload: Offload,

@@ -13,7 +13,7 @@ use crate::offload;
 use crate::packet::Packet;
 use crate::routing::{Decision, RouteTable};
 use arc_swap::ArcSwap;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc;
@@ -21,7 +21,6 @@ use tokio::sync::mpsc;
 pub type Routes = Arc<ArcSwap<RouteTable<Arc<LinkHandle>>>>;
 
 const PROCESSOR_QUEUE: usize = 1024;
-const MAX_HOPS: u8 = 64;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mapping {
@@ -149,13 +148,25 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
             return out.local.send(packet).await.is_ok();
         }
         Decision::Forward { link, label } => {
-            if packet.hops >= MAX_HOPS {
+            let Some(hops) = table.hop_limit().next(packet.hops) else {
+                // Counted on the link the loop runs through, and for the node.
+                link.counters.drops_loop.fetch_add(1, Relaxed);
                 out.counters.hop_limit.fetch_add(1, Relaxed);
                 return true;
-            }
+            };
+            // A packet that crossed a link is in transit here; its first node
+            // stands for the sending host, which does not decrement.
+            let packet = match table.ttl_reply_from() {
+                Some(from) if packet.hops > 0 => match forward_as_router(packet, from, out, &table)
+                {
+                    Some(p) => p,
+                    None => return true,
+                },
+                _ => packet,
+            };
             link.enqueue(Packet {
                 label,
-                hops: packet.hops + 1,
+                hops,
                 ..packet
             });
         }
@@ -166,10 +177,68 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
     true
 }
 
+/// `ttl: decrement` at a transit node: the packet with its TTL decremented, or
+/// `None` when it expired here (answered with ICMP Time Exceeded) or is unreadable.
+fn forward_as_router(
+    packet: Packet,
+    from: std::net::Ipv4Addr,
+    out: &Outputs,
+    table: &RouteTable<Arc<LinkHandle>>,
+) -> Option<Packet> {
+    let Packet {
+        data,
+        label,
+        hops,
+        offload,
+    } = packet;
+    let mut data = data
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
+    match crate::ttl::decrement(&mut data) {
+        crate::ttl::Verdict::Forward => Some(Packet {
+            data: data.freeze(),
+            label,
+            hops,
+            offload,
+        }),
+        crate::ttl::Verdict::Expired => {
+            out.counters.ttl_expired.fetch_add(1, Relaxed);
+            if let Some(reply) = crate::ttl::time_exceeded(from, &data) {
+                originate(Bytes::from(reply), out, table);
+            }
+            None
+        }
+        crate::ttl::Verdict::Unreadable => {
+            out.counters.malformed.fetch_add(1, Relaxed);
+            None
+        }
+    }
+}
+
+/// Sends a packet this node made itself (an ICMP error) towards its destination.
+fn originate(data: Bytes, out: &Outputs, table: &RouteTable<Arc<LinkHandle>>) {
+    let Ok(key) = FlowKey::parse(&data) else {
+        return;
+    };
+    match table.lookup(&key, 0) {
+        Decision::Forward { link, label } => link.enqueue(Packet {
+            label,
+            hops: 1,
+            ..Packet::from_tun(data)
+        }),
+        // Only if the expired packet came from this node's own address.
+        Decision::Local => {
+            let _ = out.local.try_send(Packet::from_tun(data));
+        }
+        Decision::Drop(_) => {
+            out.counters.no_route.fetch_add(1, Relaxed);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::Bytes;
     use nextmini_proto::v1 as pb;
     use std::collections::HashMap;
 

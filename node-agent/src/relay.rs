@@ -202,6 +202,11 @@ impl Relay {
     /// The routing table's choice for a TCP connection from `src` to `dst` (after
     /// `label`, when it follows an explicit path), as packets of the same
     /// connection would be routed: rules, labels and multipath hashing apply.
+    /// The topology's loop guard, as the packet dataplane applies it.
+    pub fn hop_limit(&self) -> crate::hop_limit::HopLimit {
+        self.routes.load().hop_limit()
+    }
+
     pub fn next_hop(
         &self,
         src: SocketAddrV4,

@@ -66,6 +66,9 @@ pub struct RouteTable<L> {
     destinations: HashMap<IpAddr, Destination<L>>,
     labels: HashMap<u32, Hop<L>>,
     rules: Vec<Rule>,
+    hop_limit: crate::hop_limit::HopLimit,
+    /// `ttl: decrement`: the address this node answers expired packets from.
+    ttl_reply_from: Option<std::net::Ipv4Addr>,
 }
 
 #[derive(Clone, Debug)]
@@ -159,7 +162,26 @@ impl<L> RouteTable<L> {
             destinations: HashMap::new(),
             labels: HashMap::new(),
             rules: Vec::new(),
+            hop_limit: crate::hop_limit::HopLimit::DEFAULT,
+            ttl_reply_from: None,
         }
+    }
+
+    /// How many links a packet may cross in this topology (the loop guard).
+    pub fn hop_limit(&self) -> crate::hop_limit::HopLimit {
+        self.hop_limit
+    }
+
+    /// Makes this node a router for packets it forwards (`ttl: decrement`):
+    /// it decrements their TTL and answers expiry from `overlay`.
+    pub fn with_ttl_decrement(mut self, overlay: std::net::Ipv4Addr) -> Self {
+        self.ttl_reply_from = Some(overlay);
+        self
+    }
+
+    /// The address to answer expired packets from, when the node decrements TTLs.
+    pub fn ttl_reply_from(&self) -> Option<std::net::Ipv4Addr> {
+        self.ttl_reply_from
     }
 
     /// Builds the table, resolving link names to handles with `resolve`.
@@ -306,6 +328,8 @@ impl<L> RouteTable<L> {
             destinations,
             labels,
             rules,
+            hop_limit: crate::hop_limit::HopLimit::from_proto(table.hop_limit),
+            ttl_reply_from: None,
         })
     }
 
@@ -459,7 +483,17 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            hop_limit: 300,
         })
+    }
+
+    #[test]
+    fn the_hop_limit_comes_from_the_table() {
+        assert_eq!(node_a().hop_limit().get(), 300);
+        assert_eq!(
+            RouteTable::<usize>::empty().hop_limit(),
+            crate::hop_limit::HopLimit::DEFAULT
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ pub mod v1 {
     tonic::include_proto!("nextmini.v1");
 }
 
-/// Version of the control protocol spoken by this build; sent in `Hello`.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// Version of the control protocol spoken by this build; sent in `Hello`. 2: link
+/// frames and max-mode headers carry 16-bit hop counts, so agents of version 1
+/// cannot exchange packets with this build's.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 pub mod tls;

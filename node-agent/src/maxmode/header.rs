@@ -3,11 +3,11 @@
 //! topology. Pure codec, no I/O.
 //!
 //! ```text
-//! magic "NMX1" | version u8 | hops u8 | label u32 | src ip[4] port u16 | dst ip[4] port u16 | tag[40]
+//! magic "NMX1" | version u8 | hops u16 | label u32 | src ip[4] port u16 | dst ip[4] port u16 | tag[40]
 //! ```
 //!
 //! The tag is the link handshake's ([`crate::link_auth`]): a signing time and an
-//! HMAC-SHA256 over it and the 22 bytes before it, keyed with the topology's link
+//! HMAC-SHA256 over it and the 23 bytes before it, keyed with the topology's link
 //! key. The answer to a header is one byte, a SOCKS5 reply code (0: the path to the
 //! destination is open), after which the connection carries the relayed bytes.
 
@@ -16,19 +16,18 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 use thiserror::Error;
 
 pub const MAGIC: [u8; 4] = *b"NMX1";
-pub const VERSION: u8 = 1;
+/// Version 2 widened `hops` to 16 bits with the link frames (see `hop_limit.rs`).
+pub const VERSION: u8 = 2;
 /// The signed part.
-pub const BODY_LEN: usize = 22;
+pub const BODY_LEN: usize = 23;
 /// What a hop reads before anything else.
 pub const HEADER_LEN: usize = BODY_LEN + TAG_LEN;
-/// A connection that has crossed this many relays is refused (a routing loop).
-pub const MAX_HOPS: u8 = 64;
 
 /// What every hop of a max-mode connection needs to know.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MaxHeader {
     /// Relays crossed before the receiver.
-    pub hops: u8,
+    pub hops: u16,
     /// Route id of an explicit path being followed (0: route by destination).
     pub label: u32,
     /// The connection's origin in the overlay (the SOCKS node and the client's
@@ -55,12 +54,12 @@ impl MaxHeader {
         let mut b = [0u8; BODY_LEN];
         b[..4].copy_from_slice(&MAGIC);
         b[4] = VERSION;
-        b[5] = self.hops;
-        b[6..10].copy_from_slice(&self.label.to_be_bytes());
-        b[10..14].copy_from_slice(&self.src.ip().octets());
-        b[14..16].copy_from_slice(&self.src.port().to_be_bytes());
-        b[16..20].copy_from_slice(&self.dst.ip().octets());
-        b[20..22].copy_from_slice(&self.dst.port().to_be_bytes());
+        b[5..7].copy_from_slice(&self.hops.to_be_bytes());
+        b[7..11].copy_from_slice(&self.label.to_be_bytes());
+        b[11..15].copy_from_slice(&self.src.ip().octets());
+        b[15..17].copy_from_slice(&self.src.port().to_be_bytes());
+        b[17..21].copy_from_slice(&self.dst.ip().octets());
+        b[21..23].copy_from_slice(&self.dst.port().to_be_bytes());
         b
     }
 
@@ -92,10 +91,10 @@ impl MaxHeader {
             )
         };
         Ok(MaxHeader {
-            hops: b[5],
-            label: u32::from_be_bytes([b[6], b[7], b[8], b[9]]),
-            src: addr(10),
-            dst: addr(16),
+            hops: u16::from_be_bytes([b[5], b[6]]),
+            label: u32::from_be_bytes([b[7], b[8], b[9], b[10]]),
+            src: addr(11),
+            dst: addr(17),
         })
     }
 
@@ -129,9 +128,9 @@ mod tests {
         let sealed = header().seal(&key, 1_000_000);
         assert_eq!(sealed.len(), HEADER_LEN);
         assert_eq!(&sealed[..4], b"NMX1");
-        assert_eq!(sealed[5], 1, "hops");
-        assert_eq!(&sealed[6..10], &[0, 0, 0, 7], "label");
-        assert_eq!(&sealed[16..22], &[198, 18, 0, 3, 0x1f, 0x40], "destination");
+        assert_eq!(&sealed[5..7], &[0, 1], "hops");
+        assert_eq!(&sealed[7..11], &[0, 0, 0, 7], "label");
+        assert_eq!(&sealed[17..23], &[198, 18, 0, 3, 0x1f, 0x40], "destination");
         assert_eq!(MaxHeader::open(&sealed, &key, 1_000_100), Ok(header()));
         assert_eq!(MaxHeader::decode_body(&sealed[..BODY_LEN]), Ok(header()));
     }
@@ -146,7 +145,7 @@ mod tests {
             Err(HeaderError::Auth(AuthError::BadMac))
         );
         let mut redirected = sealed;
-        redirected[19] = 9; // another destination, same tag
+        redirected[20] = 9; // another destination, same tag
         assert_eq!(
             MaxHeader::open(&redirected, &key, 1_000_000),
             Err(HeaderError::Auth(AuthError::BadMac))
@@ -163,10 +162,10 @@ mod tests {
         magic[0] = b'X';
         assert_eq!(MaxHeader::decode_body(&magic), Err(HeaderError::Magic));
         let mut version = sealed;
-        version[4] = 2;
+        version[4] = 1;
         assert_eq!(
             MaxHeader::decode_body(&version),
-            Err(HeaderError::Version(2))
+            Err(HeaderError::Version(1))
         );
         assert_eq!(MaxHeader::decode_body(&[]), Err(HeaderError::Length(0)));
     }

@@ -18,7 +18,7 @@ pub mod splice;
 
 use crate::relay::{NextHop, Relay};
 use crate::socks::handshake::Reply;
-use header::{HEADER_LEN, MAX_HOPS, MaxHeader};
+use header::{HEADER_LEN, MaxHeader};
 use std::net::{SocketAddr, SocketAddrV4};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
@@ -148,19 +148,22 @@ async fn connect_onward(relay: &Relay, header: &MaxHeader) -> Result<Onward, (Re
         NextHop::Here if header.dst.port() == SINK_PORT => Ok(Onward::Sink),
         NextHop::Here => connect_here(relay, header.dst).await.map(Onward::Stream),
         NextHop::Relay { addr, label } => {
-            if header.hops >= MAX_HOPS {
+            let Some(hops) = relay.hop_limit().next(header.hops) else {
                 return Err((
                     Reply::TtlExpired,
-                    format!("{} relays crossed: a routing loop", header.hops),
+                    format!(
+                        "{} relays crossed, the topology's hop limit: a routing loop",
+                        header.hops
+                    ),
                 ));
-            }
+            };
             let key = relay.view.load().key.clone().ok_or((
                 Reply::GeneralFailure,
                 "this node has no link key yet".to_string(),
             ))?;
             let mut stream = connect(addr.as_str()).await?;
             let next = MaxHeader {
-                hops: header.hops + 1,
+                hops,
                 label,
                 ..*header
             };

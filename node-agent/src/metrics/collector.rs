@@ -114,7 +114,7 @@ impl Collector for DataplaneCollector {
             &desc(
                 "nextmini_link_drops",
                 None,
-                "Packets this node dropped on its way out over the link, by cause: handoff (full hand-off queue), queue (full emulated queue), aqm (RED), loss (emulated loss)",
+                "Packets this node dropped on its way out over the link, by cause: handoff (full hand-off queue), queue (full emulated queue), aqm (RED), loss (emulated loss), loop (the topology's hop limit reached: a routing loop)",
             ),
             links.iter().flat_map(|(name, c, _)| {
                 [
@@ -122,6 +122,7 @@ impl Collector for DataplaneCollector {
                     ("queue", get(&c.drops_queue)),
                     ("aqm", get(&c.drops_aqm)),
                     ("loss", get(&c.drops_loss)),
+                    ("loop", get(&c.drops_loop)),
                 ]
                 .map(|(cause, v)| (vec![("link", *name), ("cause", cause)], v))
             }),
@@ -255,11 +256,12 @@ impl Collector for DataplaneCollector {
             &desc(
                 "nextmini_agent_drops",
                 None,
-                "Packets dropped outside any link, by cause: no_route, hop_limit (a routing loop), malformed",
+                "Packets dropped outside any link, by cause: no_route, hop_limit (a routing loop), ttl_expired (TTL or hop limit ran out here, with ttl: decrement), malformed",
             ),
             [
                 (vec![("cause", "no_route")], get(&node.no_route)),
                 (vec![("cause", "hop_limit")], get(&node.hop_limit)),
+                (vec![("cause", "ttl_expired")], get(&node.ttl_expired)),
                 (vec![("cause", "malformed")], get(&node.malformed)),
             ],
         )?;

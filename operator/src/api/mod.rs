@@ -29,7 +29,7 @@ pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
-    NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus,
+    NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus, TtlMode,
 };
 
 /// API group of every Nextmini kind.

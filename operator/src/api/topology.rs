@@ -136,6 +136,12 @@ pub struct DataplaneSpec {
     #[serde(default = "default_mtu")]
     #[schemars(range(min = 576, max = 9000))]
     pub mtu: u32,
+    /// What emulated nodes do with the IP TTL: `transparent` (the default: the
+    /// emulated network looks like one hop) or `decrement` (every transit node
+    /// is a router: it decrements the TTL / hop limit and answers expiry with
+    /// ICMP Time Exceeded, so traceroute and mtr show the emulated path).
+    #[serde(default)]
+    pub ttl: TtlMode,
 }
 
 fn default_processors() -> u32 {
@@ -152,8 +158,20 @@ impl Default for DataplaneSpec {
             processors: default_processors(),
             mapping: Mapping::default(),
             mtu: default_mtu(),
+            ttl: TtlMode::default(),
         }
     }
+}
+
+/// What emulated nodes do with the IP TTL of packets they forward.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum TtlMode {
+    /// Carried through untouched: the whole emulated path is one IP hop.
+    #[default]
+    Transparent,
+    /// Decremented at every transit node, with ICMP Time Exceeded on expiry.
+    Decrement,
 }
 
 /// How flows are assigned to processor tasks.

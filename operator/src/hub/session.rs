@@ -180,6 +180,7 @@ fn counter_row(
         drops_queue: l.drops_queue,
         drops_aqm: l.drops_aqm,
         drops_loss: l.drops_loss,
+        drops_loop: l.drops_loop,
         ecn_marks: l.ecn_marks,
         queue_packets: l.queue_packets,
         queue_bytes: l.queue_bytes,

@@ -34,6 +34,17 @@ pub struct TopologyView {
     overlays: Vec<String>,
 }
 
+/// The loop guard agents apply, in links a packet may cross. A path that visits
+/// no node twice (every planned path and every stored route) crosses at most
+/// `nodes − 1` links, so the node count never cuts one, whatever the topology's
+/// shape; a packet in a real loop dies within one trip around the topology. Never
+/// below 64, the fixed guard this replaces, so small topologies gain no new drops.
+/// A 16-bit count on the wire caps it: only a line of more than 65,535 nodes
+/// could have a path the guard cuts.
+pub fn hop_limit(nodes: usize) -> u32 {
+    u32::try_from(nodes).map_or(u32::from(u16::MAX), |n| n.clamp(64, u32::from(u16::MAX)))
+}
+
 /// Where an agent's link listener is reachable.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Underlay {
@@ -364,6 +375,11 @@ impl TopologyView {
                         Mapping::Sequential => "sequential".into(),
                         Mapping::Concurrent => "concurrent".into(),
                     },
+                    ttl: if plan.dataplane.ttl_decrement {
+                        "decrement".into()
+                    } else {
+                        "transparent".into()
+                    },
                 }),
                 peers: plan
                     .nodes
@@ -392,6 +408,7 @@ impl TopologyView {
                 destinations,
                 labels,
                 flow_rules,
+                hop_limit: hop_limit(plan.nodes.len()),
             }),
             report_interval_ms: plan.report_interval_ms,
             flows: self.flow_tasks(node),
@@ -571,6 +588,35 @@ mod tests {
         assert_eq!(via("a"), Some(vec!["a-b".to_string()]));
         assert_eq!(via("c"), Some(vec!["b-c".to_string()]));
         assert_eq!(via("b"), Some(vec![]), "own address is delivered locally");
+    }
+
+    /// The guard must let a packet cross the longest planned path: a 300-node
+    /// line's ends are 299 links apart (the fixed guard of 64 cut them off).
+    #[test]
+    fn the_hop_limit_covers_the_longest_planned_path() {
+        let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: long}\n\
+                    spec: {generator: {line: {nodes: 300}}}\n";
+        let manifest = crate::plan::parse_manifest("long.yaml", text).expect("parses");
+        let plan = crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0);
+        let longest = plan.nodes.len() - 1;
+        let view = TopologyView::new(plan, 1);
+        let first = view.plan.nodes[0].name.clone();
+        let limit = view
+            .snapshot(&first)
+            .and_then(|s| s.routes)
+            .map(|r| r.hop_limit);
+        assert!(
+            limit.is_some_and(|l| l as usize >= longest),
+            "{limit:?} < {longest}"
+        );
+        assert_eq!(hop_limit(3), 64, "small topologies keep the former guard");
+        assert_eq!(
+            hop_limit(1 << 20),
+            u32::from(u16::MAX),
+            "the wire's width caps it"
+        );
     }
 
     #[test]

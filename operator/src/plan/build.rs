@@ -52,6 +52,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         processors: spec.dataplane.processors,
         mapping: spec.dataplane.mapping.into(),
         mtu: spec.dataplane.mtu,
+        ttl_decrement: spec.dataplane.ttl == api::TtlMode::Decrement,
     };
 
     let nodes = draft

@@ -122,6 +122,8 @@ pub struct Dataplane {
     pub processors: u32,
     pub mapping: Mapping,
     pub mtu: u32,
+    /// Transit nodes decrement the IP TTL and answer expiry (`ttl: decrement`).
+    pub ttl_decrement: bool,
 }
 
 #[derive(Debug, Clone, PartialEq)]

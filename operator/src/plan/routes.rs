@@ -152,6 +152,36 @@ pub fn next_hops(plan: &Plan) -> BTreeMap<String, Vec<NextHop>> {
         .collect()
 }
 
+/// Links on the longest of the shortest paths between any two nodes (the graph's
+/// diameter; 0 for a plan without links). One BFS per node, as `next_hops`.
+pub fn longest_path(plan: &Plan) -> usize {
+    let graph = Graph::from_plan(plan);
+    (0..graph.names.len())
+        .flat_map(|origin| graph.distances(origin).into_iter())
+        .filter(|&d| d != UNREACHED)
+        .max()
+        .unwrap_or(0)
+}
+
+/// What a valid plan may still do that its author did not expect: printed by
+/// `nextmini up` before it starts, one line each, naming the field.
+pub fn warnings(plan: &Plan) -> Vec<String> {
+    // With 65 nodes or fewer no path has more than 64 links; skip the BFS.
+    const LINUX_TTL: usize = 64;
+    if !plan.dataplane.ttl_decrement || plan.nodes.len() <= LINUX_TTL + 1 {
+        return Vec::new();
+    }
+    let longest = longest_path(plan);
+    if longest <= LINUX_TTL {
+        return Vec::new();
+    }
+    vec![format!(
+        "spec.dataplane.ttl: decrement: the longest path crosses {longest} links, more than the \
+         TTL of 64 that Linux gives new packets, so they expire on the way (set a larger TTL, \
+         e.g. `ping -t 255`, `sysctl net.ipv4.ip_default_ttl=255` in the nodes, or use ttl: transparent)"
+    )]
+}
+
 /// Link names along an explicit node path; `None` if two consecutive nodes are not
 /// directly linked, a node is unknown, or the path is empty.
 pub fn path_links(plan: &Plan, path: &[String]) -> Option<Vec<String>> {

@@ -269,7 +269,8 @@ fn line3_addresses_dialers_and_params() {
         Dataplane {
             processors: 2,
             mapping: Mapping::Sequential,
-            mtu: 1400
+            mtu: 1400,
+            ttl_decrement: false,
         }
     );
     assert_eq!(p.overlay.to_string(), "198.18.0.0/16");
@@ -405,7 +406,8 @@ fn ring6_generator_inline_links_and_defaults() {
         Dataplane {
             processors: 4,
             mapping: Mapping::Concurrent,
-            mtu: 1400
+            mtu: 1400,
+            ttl_decrement: true,
         }
     );
 
@@ -929,4 +931,28 @@ fn namespace_mode_refuses_application_containers_by_field() {
     let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
     assert_eq!(fields, ["spec.nodes[1].containers"]);
     assert!(check_local(&parse("line3.yaml", LINE3)).is_ok());
+}
+
+#[test]
+fn ttl_decrement_warns_when_a_path_outlives_the_default_ttl() {
+    let line = |nodes: u32, ttl: &str| {
+        plan(
+            "line.yaml",
+            &format!(
+                "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: l}}\n\
+                 spec: {{dataplane: {{ttl: {ttl}}}, generator: {{line: {{nodes: {nodes}}}}}}}\n"
+            ),
+        )
+    };
+    // 65 links: the 64th transit node gets a TTL-64 packet with 1 left.
+    let long = line(66, "decrement");
+    assert_eq!(crate::plan::longest_path(&long), 65);
+    let warnings = crate::plan::warnings(&long);
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].contains("spec.dataplane.ttl") && warnings[0].contains("65 links"));
+    assert!(
+        crate::plan::warnings(&line(65, "decrement")).is_empty(),
+        "64 links fit"
+    );
+    assert!(crate::plan::warnings(&line(300, "transparent")).is_empty());
 }

@@ -18,6 +18,7 @@ pub struct CounterRow {
     pub drops_queue: u64,
     pub drops_aqm: u64,
     pub drops_loss: u64,
+    pub drops_loop: u64,
     pub ecn_marks: u64,
     pub queue_packets: u64,
     pub queue_bytes: u64,
@@ -38,7 +39,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
     for chunk in rows.chunks(2000) {
         let mut qb = sqlx::QueryBuilder::new(
             "INSERT INTO link_counters (topology_id, link, node, connected, tx_bytes, tx_packets, rx_bytes, rx_packets, drops, connects, \
-              drops_queue, drops_aqm, drops_loss, ecn_marks, queue_packets, queue_bytes) ",
+              drops_queue, drops_aqm, drops_loss, drops_loop, ecn_marks, queue_packets, queue_bytes) ",
         );
         qb.push_values(chunk, |mut b, r| {
             b.push_bind(r.topology_id)
@@ -54,6 +55,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
                 .push_bind(r.drops_queue as i64)
                 .push_bind(r.drops_aqm as i64)
                 .push_bind(r.drops_loss as i64)
+                .push_bind(r.drops_loop as i64)
                 .push_bind(r.ecn_marks as i64)
                 .push_bind(r.queue_packets as i64)
                 .push_bind(r.queue_bytes as i64);
@@ -62,7 +64,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
             " ON CONFLICT (topology_id, link, node) DO UPDATE SET connected = EXCLUDED.connected, \
               tx_bytes = EXCLUDED.tx_bytes, tx_packets = EXCLUDED.tx_packets, rx_bytes = EXCLUDED.rx_bytes, \
               rx_packets = EXCLUDED.rx_packets, drops = EXCLUDED.drops, connects = EXCLUDED.connects, \
-              drops_queue = EXCLUDED.drops_queue, drops_aqm = EXCLUDED.drops_aqm, drops_loss = EXCLUDED.drops_loss, \
+              drops_queue = EXCLUDED.drops_queue, drops_aqm = EXCLUDED.drops_aqm, drops_loss = EXCLUDED.drops_loss, drops_loop = EXCLUDED.drops_loop, \
               ecn_marks = EXCLUDED.ecn_marks, queue_packets = EXCLUDED.queue_packets, queue_bytes = EXCLUDED.queue_bytes, \
               updated_at = now()",
         );

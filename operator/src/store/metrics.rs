@@ -51,7 +51,9 @@ async fn insert_all(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
                 .push_bind(r.tx_packets as i64)
                 .push_bind(r.rx_bytes as i64)
                 .push_bind(r.rx_packets as i64)
-                .push_bind((r.drops + r.drops_queue + r.drops_aqm + r.drops_loss) as i64)
+                .push_bind(
+                    (r.drops + r.drops_queue + r.drops_aqm + r.drops_loss + r.drops_loop) as i64,
+                )
                 .push_bind(r.ecn_marks as i64)
                 .push_bind(r.queue_packets as i64)
                 .push_bind(r.queue_bytes as i64)

@@ -17,12 +17,13 @@ pub(super) async fn upsert_topology(
     source: &str,
 ) -> Result<(i64, i64)> {
     let row = sqlx::query(
-        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10) \
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms, ttl_decrement) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
          ON CONFLICT (name) DO UPDATE SET generation = topologies.generation + 1, \
            placement = EXCLUDED.placement, runtime = EXCLUDED.runtime, overlay = EXCLUDED.overlay, \
            underlay = EXCLUDED.underlay, processors = EXCLUDED.processors, mapping = EXCLUDED.mapping, \
-           mtu = EXCLUDED.mtu, source = EXCLUDED.source, report_interval_ms = EXCLUDED.report_interval_ms, updated_at = now() \
+           mtu = EXCLUDED.mtu, source = EXCLUDED.source, report_interval_ms = EXCLUDED.report_interval_ms, \
+           ttl_decrement = EXCLUDED.ttl_decrement, updated_at = now() \
          RETURNING id, generation",
     )
     .bind(&plan.topology)
@@ -35,6 +36,7 @@ pub(super) async fn upsert_topology(
     .bind(plan.dataplane.mtu as i32)
     .bind(source)
     .bind(plan.report_interval_ms as i32)
+    .bind(plan.dataplane.ttl_decrement)
     .fetch_one(&mut **tx)
     .await?;
     Ok((row.get("id"), row.get("generation")))
@@ -187,7 +189,7 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, super::Version)>> {
     let Some(t) = sqlx::query(
-        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms FROM topologies WHERE name = $1",
+        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement FROM topologies WHERE name = $1",
     )
     .bind(name)
     .fetch_optional(pool)
@@ -280,6 +282,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
                 Mapping::Sequential
             },
             mtu: t.get::<i32, _>("mtu") as u32,
+            ttl_decrement: t.get("ttl_decrement"),
         },
         report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
         nodes,

@@ -71,8 +71,8 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         "SELECT l.name, l.dialer, l.acceptor, l.transport, \
             COALESCE(d.connected AND a.connected, false) AS connected, \
             COALESCE(d.tx_bytes, 0) AS fwd, COALESCE(a.tx_bytes, 0) AS bwd, \
-            COALESCE(d.drops + d.drops_queue + d.drops_aqm + d.drops_loss, 0) \
-              + COALESCE(a.drops + a.drops_queue + a.drops_aqm + a.drops_loss, 0) AS drops, \
+            COALESCE(d.drops + d.drops_queue + d.drops_aqm + d.drops_loss + d.drops_loop, 0) \
+              + COALESCE(a.drops + a.drops_queue + a.drops_aqm + a.drops_loss + a.drops_loop, 0) AS drops, \
             COALESCE(d.ecn_marks, 0) + COALESCE(a.ecn_marks, 0) AS ecn_marks, \
             COALESCE(d.queue_packets, 0) + COALESCE(a.queue_packets, 0) AS queue_packets \
          FROM links l \

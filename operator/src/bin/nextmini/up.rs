@@ -43,6 +43,11 @@ pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
     if plans.is_empty() {
         bail!("{source}: no Topology document");
     }
+    for p in &plans {
+        for w in plan::warnings(p) {
+            eprintln!("warning: topology {}: {w}", p.topology);
+        }
+    }
     Ok((text, plans))
 }
 
