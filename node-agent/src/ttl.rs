@@ -11,9 +11,7 @@
 //! whose kernel already set the TTL, and the last one delivers to its kernel.
 //! Pure functions over packet bytes; the processor decides when they apply.
 
-use smoltcp::wire::{
-    Icmpv4Message, Icmpv4Packet, Icmpv4TimeExceeded, IpProtocol, Ipv4Address, Ipv4Packet,
-};
+use smoltcp::wire::{Icmpv4Message, Icmpv4Packet, Icmpv4TimeExceeded, IpProtocol, Ipv4Packet};
 use std::net::Ipv4Addr;
 
 /// TTL of the ICMP messages a node originates (Linux's default).
@@ -97,7 +95,7 @@ pub fn time_exceeded(from: Ipv4Addr, expired: &[u8]) -> Option<Vec<u8>> {
     ip.set_total_len(total as u16);
     ip.set_hop_limit(ICMP_TTL);
     ip.set_next_header(IpProtocol::Icmp);
-    ip.set_src_addr(Ipv4Address::from(from));
+    ip.set_src_addr(from);
     ip.set_dst_addr(to);
     ip.fill_checksum();
 
