@@ -216,6 +216,7 @@ fn node(name: &str, last: u8) -> pb::NodeConfig {
             processors: 2,
             mtu: 1400,
             mapping: "sequential".into(),
+            ttl: "decrement".into(),
         }),
         peers: ["a", "b", "c"]
             .iter()
@@ -394,6 +395,7 @@ fn priority() -> pb::LinkParams {
 /// Weighted multipath, explicit paths and flow rules at a source node.
 fn multipath_routes() -> pb::RouteTable {
     pb::RouteTable {
+        hop_limit: 300,
         destinations: vec![
             dest("a", 1, &[]),
             dest("d", 4, &[("a-b", 3), ("a-c", 1)]),
