@@ -149,7 +149,8 @@ fn credentials_and_link_keys_keep_topologies_apart() {
 import socket, struct
 def field(s): return struct.pack(">H", len(s)) + s.encode()
 payload = field("line3") + field("a-b") + field("a")
-frame = struct.pack(">IBBBBI", 8 + len(payload), 1, 2, 0, 0, 0) + payload
+# len | version 2 | kind 2 (hello) | flags | hops u16 | label u32
+frame = struct.pack(">IBBBHI", 9 + len(payload), 2, 2, 0, 0, 0) + payload
 s = socket.create_connection(("198.19.0.2", 7100), timeout=2)
 s.sendall(frame)
 try:
