@@ -34,6 +34,17 @@ fn names_by_address(env: &Env, file: &str) -> HashMap<String, String> {
 
 /// traceroute's hops as (address, RTT in ms); `*` lines (no answer) as ("*", NaN).
 fn traceroute(env: &Env, to: &str) -> Vec<(String, f64)> {
+    // traceroute sends one probe per hop (-q 1): after nodes (re)start, the
+    // first packets may still meet unresolved neighbours, which would show as `*`.
+    env.wait_for(
+        &format!("{SRC} to reach {to}"),
+        std::time::Duration::from_secs(20),
+        || {
+            env.exec(SRC, &["ping", "-c", "1", "-W", "2", to])
+                .status
+                .success()
+        },
+    );
     let out = env.exec(
         SRC,
         &["traceroute", "-n", "-q", "1", "-w", "3", "-m", "12", to],
