@@ -120,6 +120,36 @@ impl Env {
         );
     }
 
+    /// Asserts that `from` gets answers to `ping` from every one of `targets`.
+    pub fn assert_pings(&self, from: &str, targets: &[&str]) {
+        for target in targets {
+            let out = self.exec(from, &["ping", "-c", "3", "-W", "5", target]);
+            assert!(
+                out.status.success(),
+                "{from} cannot ping {target}: {}",
+                String::from_utf8_lossy(&out.stdout)
+            );
+        }
+    }
+
+    /// The body curl in `client` gets for `path` from the HTTP server of `server`.
+    pub fn http_get(&self, client: &str, server: &str, path: &str, max_secs: u32) -> String {
+        let url = format!("http://{server}:8000/{path}");
+        let out = self.exec(
+            client,
+            &[
+                "curl",
+                "-s",
+                "--fail",
+                "--max-time",
+                &max_secs.to_string(),
+                &url,
+            ],
+        );
+        assert!(out.status.success(), "curl {client} → {url} failed");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// Waits until curl in `client` gets an answer from the HTTP server of `server`.
     pub fn wait_for_http(&self, client: &str, server: &str) {
         let url = format!("http://{server}:8000/");

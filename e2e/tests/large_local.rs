@@ -72,32 +72,16 @@ fn a_1100_node_ring_forwards_end_to_end() {
     // guard cut everything past n64); n1099 is on the last bridge segment.
     let far = format!("n{}", NODES / 2);
     let last = format!("n{}", NODES - 1);
-    for target in ["n1", "n60", far.as_str(), last.as_str()] {
-        let out = env.exec("n0", &["ping", "-c", "3", "-W", "5", target]);
-        assert!(
-            out.status.success(),
-            "n0 cannot ping {target} in the {NODES}-node ring: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
+    env.assert_pings("n0", &["n1", "n60", &far, &last]);
     // An application's connection to the farthest node.
     let www = env.state_dir.join("www");
     std::fs::create_dir_all(&www).expect("www");
     std::fs::write(www.join("index.html"), "far side\n").expect("index");
     env.serve_http(&far, &www);
     env.wait_for_http("n0", &far);
-    let page = env.exec(
-        "n0",
-        &[
-            "curl",
-            "-s",
-            "--max-time",
-            "10",
-            &format!("http://{far}:8000/index.html"),
-        ],
-    );
+    let page = env.http_get("n0", &far, "index.html", 10);
     assert!(
-        String::from_utf8_lossy(&page.stdout).contains("far side"),
+        page.contains("far side"),
         "curl n0 → {far} did not get the page"
     );
 

@@ -31,14 +31,7 @@ fn a_300_node_line_delivers_end_to_end() {
 
     let last = format!("n{}", NODES - 1);
     // n65 was the first node the 64-hop guard cut off.
-    for target in ["n65", last.as_str()] {
-        let out = env.exec("n0", &["ping", "-c", "3", "-W", "5", target]);
-        assert!(
-            out.status.success(),
-            "n0 cannot ping {target} along the {NODES}-node line: {}",
-            String::from_utf8_lossy(&out.stdout)
-        );
-    }
+    env.assert_pings("n0", &["n65", &last]);
 
     // An application's TCP connection over all 299 links, both ways' packets
     // crossing every transit node.
@@ -48,22 +41,8 @@ fn a_300_node_line_delivers_end_to_end() {
     std::fs::write(www.join("index.html"), &body).expect("index");
     env.serve_http(&last, &www);
     env.wait_for_http("n0", &last);
-    let page = env.exec(
-        "n0",
-        &[
-            "curl",
-            "-s",
-            "--max-time",
-            "20",
-            &format!("http://{last}:8000/index.html"),
-        ],
-    );
-    assert!(page.status.success(), "curl n0 → {last} failed");
-    assert_eq!(
-        String::from_utf8_lossy(&page.stdout),
-        body,
-        "curl n0 → {last} got a different page"
-    );
+    let page = env.http_get("n0", &last, "index.html", 20);
+    assert_eq!(page, body, "curl n0 → {last} got a different page");
 
     env.ok(&["down", &topology]);
     assert!(namespaces_of(&topology).is_empty(), "namespaces left");

@@ -47,7 +47,22 @@ fn traceroute(env: &Env, to: &str) -> Vec<(String, f64)> {
     );
     let out = env.exec(
         SRC,
-        &["traceroute", "-n", "-q", "1", "-w", "3", "-m", "12", to],
+        // -N 1: one probe in flight. traceroute's default sends 16 at once; with
+        // a transparent path all reach the destination, whose kernel rate-limits
+        // the port-unreachable answers, so an early hop could show as `*`.
+        &[
+            "traceroute",
+            "-n",
+            "-N",
+            "1",
+            "-q",
+            "1",
+            "-w",
+            "3",
+            "-m",
+            "12",
+            to,
+        ],
     );
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(out.status.success(), "traceroute failed: {text}");

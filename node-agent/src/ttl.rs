@@ -46,7 +46,8 @@ pub fn decrement(packet: &mut [u8]) -> Verdict {
             packet[8] = ttl - 1;
             let new = u16::from_be_bytes([packet[8], packet[9]]);
             let sum = u16::from_be_bytes([packet[10], packet[11]]);
-            packet[10..12].copy_from_slice(&checksum_adjust(sum, old, new).to_be_bytes());
+            let sum = crate::sched::checksum_adjust(sum, old, new);
+            packet[10..12].copy_from_slice(&sum.to_be_bytes());
             Verdict::Forward
         }
         Some(6) if packet.len() >= 40 => {
@@ -58,15 +59,6 @@ pub fn decrement(packet: &mut [u8]) -> Verdict {
         }
         _ => Verdict::Unreadable,
     }
-}
-
-/// RFC 1624 eqn. 3: HC' = ~(~HC + ~m + m'). Incremental, so a header that was
-/// damaged stays detectably damaged.
-fn checksum_adjust(sum: u16, old: u16, new: u16) -> u16 {
-    let mut acc = u32::from(!sum) + u32::from(!old) + u32::from(new);
-    acc = (acc & 0xffff) + (acc >> 16);
-    acc = (acc & 0xffff) + (acc >> 16);
-    !(acc as u16)
 }
 
 /// The ICMP Time Exceeded (TTL exceeded in transit) that node `from` sends back

@@ -26,6 +26,7 @@ mod delay_line;
 pub mod impair;
 mod meta;
 mod payload;
+pub(crate) use payload::checksum_adjust;
 mod pipeline;
 mod queue;
 pub mod scheduler;

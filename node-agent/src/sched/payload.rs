@@ -117,7 +117,7 @@ pub fn set_ce(packet: &mut [u8]) -> bool {
 
 /// RFC 1624 eqn. 3 incremental update: HC' = ~(~HC + ~m + m'). Incremental rather
 /// than recomputed so a header that was already damaged stays detectably damaged.
-fn checksum_adjust(sum: u16, old: u16, new: u16) -> u16 {
+pub(crate) fn checksum_adjust(sum: u16, old: u16, new: u16) -> u16 {
     let mut acc = u32::from(!sum) + u32::from(!old) + u32::from(new);
     acc = (acc & 0xffff) + (acc >> 16);
     acc = (acc & 0xffff) + (acc >> 16);
