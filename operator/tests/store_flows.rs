@@ -3,35 +3,13 @@
 //! stored once per instance however often an agent reports them. Needs root,
 //! like the rest of local mode (PostgreSQL runs as `postgres`).
 
-use nextmini_operator::localpg::LocalPg;
 use nextmini_operator::plan::{self, FlowAmount, Plan};
 use nextmini_operator::store::{ReceivedRow, SentRow, Store, route_name};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 
-struct Db {
-    pg: LocalPg,
-    dir: PathBuf,
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let _ = self.pg.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start_db() -> Db {
-    let dir = std::env::temp_dir().join(format!("nextmini-store-flows-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let port = 57600 + (std::process::id() % 300) as u16;
-    let pg = LocalPg::new(&dir, port).expect("PostgreSQL installed");
-    pg.ensure_running().expect("PostgreSQL starts");
-    Db { pg, dir }
-}
+#[path = "support/private_db.rs"]
+mod private_db;
+use private_db::start_db;
 
 fn workloads() -> Plan {
     let text = include_str!("fixtures/workloads.yaml");
@@ -66,7 +44,7 @@ fn sent(flow: &str, generation: i64, instance: i32, bytes: i64) -> SentRow {
 
 #[tokio::test]
 async fn flows_keep_their_definition_and_results_are_stored_once() {
-    let db = start_db();
+    let db = start_db("flows", 57600);
     let store = Store::connect(&db.pg.url()).await.expect("connect");
     let mut plan = workloads();
     let id: i64 = {

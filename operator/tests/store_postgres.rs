@@ -2,36 +2,14 @@
 //! directory, started with the same code local mode uses). Needs root, like the
 //! rest of local mode, because PostgreSQL runs as the `postgres` user.
 
-use nextmini_operator::localpg::LocalPg;
 use nextmini_operator::plan::{self, Plan};
 use nextmini_operator::store::{CounterRow, Store, TOPOLOGY_CHANNEL};
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
-struct Db {
-    pg: LocalPg,
-    dir: PathBuf,
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let _ = self.pg.stop();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn start_db(name: &str) -> Db {
-    let dir = std::env::temp_dir().join(format!("nextmini-store-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    let port = 57000 + (std::process::id() % 500) as u16 + name.len() as u16;
-    let pg = LocalPg::new(&dir, port).expect("PostgreSQL installed");
-    pg.ensure_running().expect("PostgreSQL starts");
-    Db { pg, dir }
-}
+#[path = "support/private_db.rs"]
+mod private_db;
+use private_db::{Db, start_db};
 
 fn line3() -> Plan {
     let text = include_str!("../../manifests/examples/line3.yaml");
@@ -55,7 +33,7 @@ fn hashes(plan: &Plan) -> BTreeMap<String, String> {
 /// A private database with line3 stored in it: the database (kept running
 /// while it lives), a store on it and line3's topology id.
 async fn line3_stored(name: &str) -> (Db, Store, i64) {
-    let db = start_db(name);
+    let db = start_db(name, 57000);
     let store = Store::connect(&db.pg.url()).await.expect("connect");
     let plan = line3();
     store
@@ -85,7 +63,7 @@ async fn count(store: &Store, table: &str) -> i64 {
 
 #[tokio::test]
 async fn desired_state_round_trips_and_changes_atomically() {
-    let db = start_db("roundtrip");
+    let db = start_db("roundtrip", 57000);
     let store = Store::connect(&db.pg.url())
         .await
         .expect("connect + migrate");
@@ -230,7 +208,7 @@ async fn topology_id(store: &Store, name: &str) -> i64 {
 /// topology until the bounded buffer had pushed those rows out.
 #[tokio::test]
 async fn a_deleted_topologys_rows_do_not_poison_a_metrics_batch() {
-    let db = start_db("poison");
+    let db = start_db("poison", 57000);
     let store = Store::connect(&db.pg.url()).await.expect("connect");
     let live = line3();
     store
@@ -291,7 +269,7 @@ async fn a_deleted_topologys_rows_do_not_poison_a_metrics_batch() {
 
 #[tokio::test]
 async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
-    let db = start_db("params");
+    let db = start_db("params", 57000);
     let store = Store::connect(&db.pg.url()).await.expect("connect");
     let line3 = line3();
     let shaped = shaped();
@@ -385,7 +363,7 @@ async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
 /// Rows written before the parameters moved to JSON keep their values, in both directions.
 #[tokio::test]
 async fn migration_0002_carries_old_link_columns_into_json() {
-    let db = start_db("migrate-0002");
+    let db = start_db("migrate-0002", 57000);
     let pool = sqlx::PgPool::connect(&db.pg.url()).await.expect("connect");
     sqlx::migrate!("./migrations")
         .run_to(1, &pool)
@@ -443,7 +421,7 @@ async fn migration_0002_carries_old_link_columns_into_json() {
 
 #[tokio::test]
 async fn socks_servers_round_trip() {
-    let db = start_db("socks");
+    let db = start_db("socks", 57000);
     let store = Store::connect(&db.pg.url())
         .await
         .expect("connect + migrate");

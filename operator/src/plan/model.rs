@@ -2,6 +2,7 @@
 //! Local mode and the Kubernetes controllers both build it with the same code.
 
 use ipnet::Ipv4Net;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
 use std::time::Duration;
@@ -214,30 +215,52 @@ pub struct PlannedLink {
 /// '{rate_bps}', ...)`), so the keys are the proto's names and durations are whole
 /// microseconds (`delay_us`), like everything else an agent sees. Missing keys read as
 /// unset; unknown keys are refused so that a typo in a script is an error.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+///
+/// The JSON Schema derived here, with its limits, is what the database checks a
+/// control script's write against and what the hub checks every row it loads against
+/// (`store::rules`): the YAML's limits are the constants named in the attributes.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schemars(extend("x-classes-fit-scheduler" = true))]
 pub struct LinkParams {
+    #[schemars(range(min = 1, max = crate::units::Rate::MAX_BPS))]
     pub rate_bps: Option<u64>,
     /// Token bucket depth.
+    #[schemars(extend("x-minimum-mtu" = true))]
     pub burst_bytes: Option<u64>,
     #[serde(rename = "delay_us", with = "micros")]
+    #[schemars(with = "Option<u64>", range(max = MAX_DELAY_US))]
     pub delay: Option<Duration>,
     #[serde(rename = "jitter_us", with = "micros")]
+    #[schemars(with = "Option<u64>", range(max = MAX_DELAY_US))]
     pub jitter: Option<Duration>,
     pub jitter_distribution: JitterDistribution,
     /// Probabilities in parts per million.
+    #[schemars(range(max = crate::units::Percent::MAX_PPM))]
     pub loss_ppm: Option<u32>,
+    #[schemars(range(max = crate::units::Percent::MAX_PPM))]
     pub loss_correlation_ppm: Option<u32>,
+    #[schemars(range(max = crate::units::Percent::MAX_PPM))]
     pub reorder_ppm: Option<u32>,
+    #[schemars(range(max = crate::units::Percent::MAX_PPM))]
     pub duplicate_ppm: Option<u32>,
+    #[schemars(range(max = crate::units::Percent::MAX_PPM))]
     pub corrupt_ppm: Option<u32>,
     pub queue: QueueParams,
     pub scheduler: SchedulerKind,
     /// Matched in order; unmatched packets join the scheduler's last queue.
+    #[schemars(length(max = crate::api::MAX_CLASSES))]
     pub classes: Vec<ClassRule>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// The longest delay or jitter a link may have: 60 s, far beyond any real path
+/// (a geostationary hop is 0.3 s), short enough that a typo in the unit is refused
+/// rather than holding every packet for a day.
+pub const MAX_DELAY: Duration = Duration::from_secs(60);
+/// [`MAX_DELAY`] in the stored unit.
+pub const MAX_DELAY_US: u64 = 60_000_000;
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum JitterDistribution {
     #[default]
@@ -247,46 +270,62 @@ pub enum JitterDistribution {
 }
 
 /// Limits of each of the scheduler's queues: at most one of the two is set.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
+#[schemars(extend("x-at-most-one" = ["limit_packets", "limit_bytes"], "x-thresholds-fit-limit" = true))]
 pub struct QueueParams {
+    #[schemars(range(min = 1))]
     pub limit_packets: Option<u32>,
+    #[schemars(extend("x-minimum-mtu" = true))]
     pub limit_bytes: Option<u64>,
     pub aqm: Aqm,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum Aqm {
     #[default]
     TailDrop,
+    #[schemars(extend("x-less-than" = ["red.min_packets", "red.max_packets"]))]
     Red {
         /// Average queue length thresholds in packets.
         min_packets: u32,
         max_packets: u32,
         /// Drop (or mark) probability at `max_packets`.
+        #[schemars(range(min = 1, max = crate::units::Percent::MAX_PPM))]
         max_p_ppm: u32,
         /// EWMA weight of the average queue length in millionths.
+        #[schemars(range(min = 1, max = crate::units::Fraction::ONE_PPM))]
         weight_ppm: u32,
         /// Mark ECN-capable packets instead of dropping them.
         ecn: bool,
     },
     Ecn {
+        #[schemars(range(min = 1))]
         threshold_packets: u32,
     },
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "lowercase", deny_unknown_fields)]
 pub enum SchedulerKind {
     #[default]
     Fcfs,
     /// One queue per weight; weights count packets.
-    Wrr { weights: Vec<u32> },
+    Wrr {
+        #[schemars(length(min = 1, max = crate::api::MAX_QUEUES), inner(range(min = 1)))]
+        weights: Vec<u32>,
+    },
     /// One queue per quantum.
-    Drr { quantum_bytes: Vec<u32> },
+    Drr {
+        #[schemars(length(min = 1, max = crate::api::MAX_QUEUES), inner(range(min = 1)))]
+        quantum_bytes: Vec<u32>,
+    },
     /// Queue 0 first.
-    Priority { bands: u32 },
+    Priority {
+        #[schemars(range(min = 1, max = crate::api::MAX_BANDS))]
+        bands: u32,
+    },
 }
 
 impl SchedulerKind {
@@ -302,16 +341,20 @@ impl SchedulerKind {
 }
 
 /// Sends matching packets to `queue`; unset matchers match everything.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct ClassRule {
     pub queue: u32,
+    #[schemars(range(max = 63))]
     pub dscp: Option<u8>,
+    #[schemars(range(min = 1))]
     pub src_port: Option<u16>,
+    #[schemars(range(min = 1))]
     pub dst_port: Option<u16>,
     /// IP protocol number.
     pub protocol: Option<u8>,
     /// Matches packets smaller than this.
+    #[schemars(range(min = 1))]
     pub max_packet_bytes: Option<u32>,
 }
 

@@ -7,6 +7,7 @@
 
 use super::assemble::Draft;
 use super::errors::{FieldError, ValidationErrors};
+use super::model::MAX_DELAY;
 use super::params::{aqm_of, limit_of, pick, queue_count};
 use super::validate::MTU;
 use crate::api::{
@@ -145,6 +146,15 @@ fn set_rules(layer: &Layer, mtu: Option<u32>, out: &mut Vec<FieldError>) {
         None => {}
     }
     for (field, d) in [("delay", p.delay), ("jitter", p.jitter)] {
+        if let Some(d) = d.filter(|d| d.as_std() > MAX_DELAY) {
+            out.push(layer.error(
+                field,
+                format!(
+                    "must be at most {}s, got {d} (a link holds every packet that long)",
+                    MAX_DELAY.as_secs()
+                ),
+            ));
+        }
         if let Some(d) = d.filter(|d| d.as_std().subsec_nanos() % 1_000 != 0) {
             out.push(layer.error(
                 field,

@@ -10,6 +10,7 @@ pub mod identity;
 mod metrics;
 mod plan_rows;
 mod routes;
+pub mod rules;
 mod status;
 
 pub use counters::CounterRow;
@@ -50,6 +51,11 @@ fn is_deadlock(e: &sqlx::Error) -> bool {
 /// Channel the migrations' trigger notifies with a topology name on each change.
 pub const TOPOLOGY_CHANNEL: &str = "nextmini_topology";
 
+/// The session setting that tells the database's row checks who writes
+/// (migration 0011), and the value the operator's connections carry.
+pub const WRITER_SETTING: &str = "nextmini.writer";
+pub const OPERATOR_WRITER: &str = "operator";
+
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
 #[derive(Clone)]
@@ -74,15 +80,21 @@ pub struct NodeIdentity {
 }
 
 impl Store {
-    /// Connects and brings the schema up to date.
+    /// Connects, brings the schema up to date and installs this binary's rules
+    /// for what a row may hold (`rules::install`).
+    ///
+    /// Every connection is marked `nextmini.writer=operator`: the database's row
+    /// checks are for control scripts, while the operator's writes come from plans
+    /// the YAML validation passed (a test holds every planned row to the same rules).
     pub async fn connect(url: &str) -> Result<Store> {
-        let options = PgConnectOptions::from_str(url)?;
+        let options = PgConnectOptions::from_str(url)?.options([(WRITER_SETTING, OPERATOR_WRITER)]);
         let pool = PgPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options)
             .await?;
         MIGRATOR.run(&pool).await?;
+        rules::install(&pool).await?;
         Ok(Store { pool })
     }
 
