@@ -325,6 +325,11 @@ async fn observe(
             .count() as u32;
         observed.links_total = row.links.len() as u32;
         observed.links_up = row.links.iter().filter(|l| l.connected).count() as u32;
+        observed.row_problems = row
+            .problems
+            .iter()
+            .map(|p| format!("{}: {}; {}", p.subject, p.problem, p.consequence))
+            .collect();
     }
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))

@@ -16,6 +16,9 @@ pub struct Observed {
     pub links_up: u32,
     /// Pods that cannot run, with the reason (`line3-b: ImagePullBackOff`).
     pub pod_problems: Vec<String>,
+    /// Stored rows the hub cannot run as written (`links s-y params_forward:
+    /// ...; runs its last good parameters`).
+    pub row_problems: Vec<String>,
 }
 
 /// The outcome of planning, for the `Planned` condition.
@@ -92,6 +95,25 @@ pub fn next(
                 ConditionStatus::True,
                 "PodsFailing",
                 o.pod_problems.join("; "),
+            );
+        }
+        if o.row_problems.is_empty() {
+            push(
+                "RowsValid",
+                ConditionStatus::True,
+                "RowsValid",
+                "every stored row runs as written".into(),
+            );
+        } else {
+            push(
+                "RowsValid",
+                ConditionStatus::False,
+                "RowsFaulty",
+                format!(
+                    "{} stored row(s) cannot run as written: {}",
+                    o.row_problems.len(),
+                    o.row_problems.join("; ")
+                ),
             );
         }
     }
@@ -193,6 +215,7 @@ mod tests {
             links_total: 2,
             links_up: up,
             pod_problems: vec![],
+            row_problems: vec![],
         }
     }
 
@@ -281,6 +304,31 @@ mod tests {
         assert!(planned.message.contains("spec.endpoints[1]"));
         assert_eq!(get(&s, "Ready").status, ConditionStatus::False);
         assert_eq!((s.nodes_ready, s.links_up), (3, 2));
+    }
+
+    #[test]
+    fn faulty_rows_are_named_on_the_topology() {
+        let mut o = observed(3, 2);
+        o.row_problems = vec![
+            "links s-y params_forward: params_forward.rate_bps: must be an integer or null, got \"abc\"; runs its last good parameters".into(),
+        ];
+        let s = next(None, Some(2), Planning::Planned, Some(&o), at(1));
+        let c = get(&s, "RowsValid");
+        assert_eq!(c.status, ConditionStatus::False);
+        assert_eq!(c.reason, "RowsFaulty");
+        assert!(
+            c.message.contains("links s-y params_forward"),
+            "{}",
+            c.message
+        );
+        let s = next(
+            None,
+            Some(2),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(1),
+        );
+        assert_eq!(get(&s, "RowsValid").status, ConditionStatus::True);
     }
 
     #[test]

@@ -9,6 +9,7 @@
 mod batcher;
 mod observability;
 mod params;
+mod repair;
 mod session;
 mod snapshot;
 mod tls;
@@ -176,11 +177,25 @@ impl Hub {
         topology: &str,
     ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
         let store = &self.inner.views_store;
-        let Some((plan, version)) = store.load_plan_version(topology).await? else {
+        let Some(loaded) = store.load_checked(topology).await? else {
             return Ok(None);
         };
+        let version = loaded.version;
+        // The last good view of this creation: what a faulty row keeps running.
+        let old = self
+            .inner
+            .views
+            .lock()
+            .await
+            .get(topology)
+            .filter(|o| o.topology_id == version.id)
+            .cloned();
+        let mut plan = loaded.plan;
+        let problems = repair::put_back(&mut plan, &loaded.faults, old.as_deref());
         let (routes, rules) = store.routes(topology).await?;
-        let mut view = TopologyView::new(plan, version.generation).with_routes(routes, rules);
+        let mut view =
+            TopologyView::new(plan, version.generation).with_routes(routes, rules, old.as_deref());
+        view.problems.extend(problems);
         view.topology_id = version.id;
         view.identity = store.link_identity(topology).await?;
         if let Some(runtime) = store.runtime_of(topology).await? {
@@ -215,7 +230,16 @@ impl Hub {
         {
             return Ok(Some(v.clone()));
         }
-        let view = self.load_view(topology).await.map_err(unavailable)?;
+        let view = match self.load_view(topology).await {
+            Ok(view) => view,
+            Err(e) => {
+                self.unloadable(topology, &e).await;
+                return Err(unavailable(e));
+            }
+        };
+        if let Some(v) = &view {
+            self.publish_problems(v).await;
+        }
         let mut views = self.inner.views.lock().await;
         match &view {
             Some(v) => {
@@ -258,6 +282,11 @@ impl Hub {
         listener.listen(TOPOLOGY_CHANNEL).await?;
         loop {
             let n = listener.recv().await?;
+            // `<topology> problems=<n>` is the hub's own news for listeners:
+            // no desired state changed.
+            if n.payload().contains(' ') {
+                continue;
+            }
             let received = Instant::now();
             self.on_change(n.payload()).await;
             self.inner.metrics.observe_control_delta(received.elapsed());
@@ -273,9 +302,14 @@ impl Hub {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(%topology, error = %e, "cannot load changed topology");
+                self.unloadable(topology, &e).await;
                 return;
             }
         };
+        match &new {
+            Some(v) => self.publish_problems(v).await,
+            None => self.inner.metrics.set_topology_problems(topology, None),
+        }
         let old = {
             let mut views = self.inner.views.lock().await;
             match &new {
@@ -334,6 +368,61 @@ impl Hub {
                 }
             }
         });
+    }
+
+    /// Makes the faulty rows of a freshly loaded view visible: the
+    /// `topology_problems` rows (`nextmini status`, the Topology's conditions), a
+    /// NOTIFY when they change, the metric, and one log line per problem.
+    async fn publish_problems(&self, view: &TopologyView) {
+        let topology = &view.plan.topology;
+        for p in &view.problems {
+            tracing::warn!(%topology, subject = %p.subject, problem = %p.problem, consequence = %p.consequence, "stored row cannot run as written");
+        }
+        self.inner
+            .metrics
+            .set_topology_problems(topology, Some(view.problems.len() as u64));
+        if let Err(e) = self
+            .inner
+            .store
+            .record_problems(view.topology_id, topology, &view.problems)
+            .await
+        {
+            tracing::warn!(%topology, error = %e, "recording the topology's problems failed");
+        }
+    }
+
+    /// A topology the hub cannot read at all (a row no stand-in covers, such as
+    /// a node address that does not parse): its agents keep the last generation
+    /// they were sent, and the reason is recorded where users look.
+    async fn unloadable(&self, topology: &str, e: &crate::store::StoreError) {
+        let Ok(Some(version)) = self.inner.store.version(topology).await else {
+            return;
+        };
+        let running = self
+            .inner
+            .views
+            .lock()
+            .await
+            .get(topology)
+            .filter(|v| v.topology_id == version.id)
+            .map(|v| v.generation);
+        let problem = crate::store::TopologyProblem {
+            subject: "topology".into(),
+            problem: e.to_string(),
+            consequence: match running {
+                Some(g) => format!("no change applies: agents keep generation {g}"),
+                None => "no agent can be served".into(),
+            },
+        };
+        self.inner.metrics.set_topology_problems(topology, Some(1));
+        if let Err(e) = self
+            .inner
+            .store
+            .record_problems(version.id, topology, &[problem])
+            .await
+        {
+            tracing::warn!(%topology, error = %e, "recording the topology's problems failed");
+        }
     }
 
     /// Drops sessions whose agent has been silent for several report intervals

@@ -32,6 +32,8 @@ pub struct TopologyView {
     /// Each node's overlay address as text, in `plan.nodes` order: every
     /// snapshot lists all of them.
     overlays: Vec<String>,
+    /// Stored rows this view could not take as written, and what runs instead.
+    pub problems: Vec<crate::store::TopologyProblem>,
 }
 
 /// The loop guard agents apply, in links a packet may cross. A path that visits
@@ -143,6 +145,7 @@ impl TopologyView {
             underlay: Underlay::Bridge,
             nodes,
             overlays,
+            problems: Vec::new(),
         }
     }
 
@@ -188,15 +191,39 @@ impl TopologyView {
     /// Adds explicit routes and rules. Routes that no longer follow the links
     /// (the topology changed under them) are left out with a warning, and so are
     /// the rules using them: that traffic takes the shortest path instead.
-    pub fn with_routes(mut self, routes: Vec<RouteRow>, rules: Vec<RouteRuleRow>) -> TopologyView {
+    /// Adds the stored routes and rules. A route that does not follow the
+    /// topology's links (a row the database's checks would refuse) keeps the
+    /// path it had in `old`, the last good view, if that path still follows
+    /// them, and is otherwise left out; either way it is listed in `problems`.
+    pub fn with_routes(
+        mut self,
+        routes: Vec<RouteRow>,
+        rules: Vec<RouteRuleRow>,
+        old: Option<&TopologyView>,
+    ) -> TopologyView {
         for r in routes {
-            match crate::plan::path_links(&self.plan, &r.path) {
-                Some(links) => {
-                    self.routes.insert(r.id, (r.path, links));
-                }
-                None => {
-                    tracing::warn!(topology = %self.plan.topology, route = %r.name, path = ?r.path, "route does not follow the topology's links; ignored")
-                }
+            if let Some(links) = crate::plan::path_links(&self.plan, &r.path) {
+                self.routes.insert(r.id, (r.path, links));
+                continue;
+            }
+            let kept = old.and_then(|o| o.routes.get(&r.id)).and_then(|(path, _)| {
+                crate::plan::path_links(&self.plan, path).map(|l| (path.clone(), l))
+            });
+            let consequence = match &kept {
+                Some((path, _)) => format!("runs its last good path {}", path.join("-")),
+                None => "is left out: the traffic of its rules takes the shortest path".into(),
+            };
+            tracing::warn!(topology = %self.plan.topology, route = %r.name, path = ?r.path, %consequence, "route does not follow the topology's links");
+            self.problems.push(crate::store::TopologyProblem {
+                subject: format!("routes {} path", r.name),
+                problem: format!(
+                    "path: {} does not follow the topology's links",
+                    r.path.join("-")
+                ),
+                consequence,
+            });
+            if let Some(kept) = kept {
+                self.routes.insert(r.id, kept);
             }
         }
         let mut rules: Vec<RouteRuleRow> = rules
@@ -733,6 +760,7 @@ mod tests {
                 rule(3, 2, Some(5201), 1),
                 rule(4, 9, None, 1),
             ],
+            None,
         );
         let routes = |node: &str| view.snapshot(node).and_then(|s| s.routes).expect("routes");
         let label = |node: &str, id: u32| {
@@ -783,6 +811,7 @@ mod tests {
         let after = TopologyView::new(diamond(), 2).with_routes(
             vec![route(2, &["s", "y", "d"])],
             vec![rule(1, 2, Some(5201), 1)],
+            None,
         );
         let d = |node: &str| {
             delta(
@@ -829,6 +858,7 @@ mod tests {
         let rerouted = TopologyView::new(diamond(), 2).with_routes(
             vec![route(2, &["s", "y", "d"])],
             vec![rule(1, 2, Some(5201), 1)],
+            None,
         );
         for after in [TopologyView::new(faster, 2), rerouted] {
             assert!(after.same_outside_affected(&before));
@@ -865,8 +895,11 @@ mod tests {
                 f.route_id = Some(1);
             }
         }
-        let view = TopologyView::new(plan.clone(), 5)
-            .with_routes(vec![route(1, &["a", "b", "c"])], vec![]);
+        let view = TopologyView::new(plan.clone(), 5).with_routes(
+            vec![route(1, &["a", "b", "c"])],
+            vec![],
+            None,
+        );
         let tasks = |view: &TopologyView, node: &str| view.snapshot(node).expect("node").flows;
         let role = |tasks: &[pb::FlowTask], name: &str| {
             tasks
@@ -901,12 +934,12 @@ mod tests {
         let mut changed = plan.clone();
         changed.flows.retain(|f| f.name != "back");
         let after = TopologyView::new(changed, 6)
-            .with_routes(vec![route(1, &["a", "b", "c"])], vec![])
+            .with_routes(vec![route(1, &["a", "b", "c"])], vec![], None)
             .snapshot("a")
             .expect("a");
         assert!(delta(&before, &after).is_none());
         let same = TopologyView::new(plan, 6)
-            .with_routes(vec![route(1, &["a", "b", "c"])], vec![])
+            .with_routes(vec![route(1, &["a", "b", "c"])], vec![], None)
             .snapshot("a")
             .expect("a");
         assert!(delta(&before, &same).is_some());

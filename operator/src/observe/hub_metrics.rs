@@ -130,7 +130,8 @@ fn latency_buckets() -> impl Iterator<Item = f64> {
 
 pub struct HubMetrics {
     registry: Registry,
-    connected: Arc<ConnectedAgents>,
+    connected: Arc<TopologyGauge>,
+    problems: Arc<TopologyGauge>,
     control_delta: Histogram,
     db_write: Histogram,
     reports: Counter,
@@ -158,8 +159,17 @@ impl Default for HubMetrics {
 impl HubMetrics {
     pub fn new() -> HubMetrics {
         let mut registry = Registry::default();
-        let connected = Arc::new(ConnectedAgents::default());
+        let connected = Arc::new(TopologyGauge::new(
+            "nextmini_hub_connected_agents",
+            "Agents with a live control stream to the hub, per topology",
+        ));
         registry.register_collector(Box::new(connected.clone()));
+        let problems = Arc::new(TopologyGauge::new(
+            "nextmini_hub_topology_problems",
+            "Stored rows of a topology the hub cannot run as written (it runs their last good \
+             state instead); `nextmini status` lists them",
+        ));
+        registry.register_collector(Box::new(problems.clone()));
         let control_delta = Histogram::new(latency_buckets());
         registry.register_with_unit(
             "nextmini_hub_control_delta",
@@ -247,6 +257,7 @@ impl HubMetrics {
         HubMetrics {
             registry,
             connected,
+            problems,
             control_delta,
             db_write,
             reports,
@@ -317,7 +328,21 @@ impl HubMetrics {
     /// Replaces the per-topology counts of connected agents. Topologies the
     /// hub knows with no agent connected should be passed with 0.
     pub fn set_connected_agents(&self, counts: BTreeMap<String, u64>) {
-        *self.connected.0.lock().unwrap_or_else(|e| e.into_inner()) = counts;
+        *self.connected.values() = counts;
+    }
+
+    /// Sets how many faulty rows the hub found in a topology (`None`: the
+    /// topology is gone).
+    pub fn set_topology_problems(&self, topology: &str, problems: Option<u64>) {
+        let mut values = self.problems.values();
+        match problems {
+            Some(n) => {
+                values.insert(topology.to_string(), n);
+            }
+            None => {
+                values.remove(topology);
+            }
+        }
     }
 
     /// The hub's metrics in the OpenMetrics text format, ending with `# EOF`.
@@ -328,20 +353,35 @@ impl HubMetrics {
     }
 }
 
-/// `nextmini_hub_connected_agents{topology}`: a snapshot the hub refreshes from
-/// its sessions before each scrape, swapped whole so a scrape never sees half.
-#[derive(Debug, Default)]
-struct ConnectedAgents(Mutex<BTreeMap<String, u64>>);
+/// A gauge per topology (`nextmini_hub_connected_agents{topology}`, ...): values
+/// the hub sets as it learns them, encoded from one copy so a scrape never sees
+/// half an update, and topologies that are gone simply leave the map.
+#[derive(Debug)]
+struct TopologyGauge {
+    name: &'static str,
+    help: &'static str,
+    values: Mutex<BTreeMap<String, u64>>,
+}
 
-impl Collector for ConnectedAgents {
+impl TopologyGauge {
+    fn new(name: &'static str, help: &'static str) -> Self {
+        TopologyGauge {
+            name,
+            help,
+            values: Mutex::new(BTreeMap::new()),
+        }
+    }
+
+    fn values(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, u64>> {
+        self.values.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Collector for TopologyGauge {
     fn encode(&self, mut encoder: DescriptorEncoder) -> std::fmt::Result {
-        let counts = self.0.lock().unwrap_or_else(|e| e.into_inner()).clone();
-        let mut family = encoder.encode_descriptor(
-            "nextmini_hub_connected_agents",
-            "Agents with a live control stream to the hub, per topology",
-            None,
-            MetricType::Gauge,
-        )?;
+        let counts = self.values().clone();
+        let mut family =
+            encoder.encode_descriptor(self.name, self.help, None, MetricType::Gauge)?;
         for (topology, n) in &counts {
             let labels = [("topology", topology.as_str())];
             family.encode_family(&labels)?.encode_gauge(n)?;

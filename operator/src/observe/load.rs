@@ -148,7 +148,8 @@ pub async fn load(store: &Store, topology: &str) -> Result<Option<TopologyLoad>,
     // index: cheap however long the history is.
     let rows = sqlx::query(
         "SELECT l.name, l.dialer, l.acceptor, l.transport, e.dir, \
-                (e.params ->> 'rate_bps')::bigint AS configured, \
+                CASE WHEN (e.params ->> 'rate_bps') ~ '^[0-9]{1,18}$' \
+                     THEN (e.params ->> 'rate_bps')::bigint END AS configured, \
                 EXTRACT(EPOCH FROM now() - s.at)::float8 AS age, \
                 EXTRACT(EPOCH FROM s.at)::float8 AS at_secs, \
                 s.tx_bytes, s.drops, s.queue_packets, s.rtt_us, s.connected \

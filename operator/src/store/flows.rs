@@ -3,7 +3,7 @@
 //! run it again); a changed or new flow gets the new generation, a fresh route
 //! for its path, and loses the results of its earlier definition.
 
-use super::{Result, StoreError};
+use super::{FaultyPart, Result, RowFault, StoreError};
 use crate::plan::{FlowParams, Plan, PlannedFlow};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::HashMap;
@@ -78,13 +78,14 @@ fn corrupt(topology: &str, reason: String) -> StoreError {
     }
 }
 
-/// The topology's flows, by name.
+/// The topology's flows, by name, and the rows whose parameters cannot be read
+/// (left out of the list).
 pub(super) async fn load(
     executor: impl sqlx::PgExecutor<'_>,
-    topology: &str,
     id: i64,
-) -> Result<Vec<PlannedFlow>> {
-    sqlx::query(
+) -> Result<(Vec<PlannedFlow>, Vec<RowFault>)> {
+    let mut faults = Vec::new();
+    let flows = sqlx::query(
         "SELECT name, src, dst, path, params::text AS params, defined_generation, route_id \
          FROM flows WHERE topology_id = $1 ORDER BY name",
     )
@@ -92,11 +93,20 @@ pub(super) async fn load(
     .fetch_all(executor)
     .await?
     .into_iter()
-    .map(|r| {
+    .filter_map(|r| {
         let name: String = r.get("name");
-        let params: FlowParams = serde_json::from_str(&r.get::<String, _>("params"))
-            .map_err(|e| corrupt(topology, format!("flow {name} params: {e}")))?;
-        Ok(PlannedFlow {
+        let params: FlowParams = match serde_json::from_str(&r.get::<String, _>("params")) {
+            Ok(params) => params,
+            Err(e) => {
+                faults.push(RowFault {
+                    part: FaultyPart::Flow(name.clone()),
+                    subject: format!("flows {name} params"),
+                    problem: format!("params: {e}"),
+                });
+                return None;
+            }
+        };
+        Some(PlannedFlow {
             src: r.get("src"),
             dst: r.get("dst"),
             path: r.get("path"),
@@ -106,7 +116,8 @@ pub(super) async fn load(
             name,
         })
     })
-    .collect()
+    .collect();
+    Ok((flows, faults))
 }
 
 /// Replaces the topology's flows with the plan's, after its nodes and links are
@@ -120,7 +131,7 @@ pub(super) async fn replace(
     plan: &Plan,
     keep_unchanged: bool,
 ) -> Result<i64> {
-    let old = load(&mut **tx, &plan.topology, id).await?;
+    let (old, _) = load(&mut **tx, id).await?;
     let old: HashMap<&str, &PlannedFlow> = old.iter().map(|f| (f.name.as_str(), f)).collect();
     let kept = |f: &PlannedFlow| {
         old.get(f.name.as_str())

@@ -4,6 +4,7 @@
 //! formatting user input into SQL.
 
 mod counters;
+mod faults;
 mod flows;
 mod forwarding;
 pub mod identity;
@@ -14,9 +15,11 @@ pub mod rules;
 mod status;
 
 pub use counters::CounterRow;
+pub use faults::{FaultyPart, RowFault, TopologyProblem};
 pub use flows::{FlowResultRow, FlowRow, Readiness, ReceivedRow, SentRow, flow_status, route_name};
 pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
+pub use plan_rows::LoadedPlan;
 pub use routes::{RouteRow, RouteRuleRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
 
@@ -274,9 +277,75 @@ impl Store {
     }
 
     /// The desired state of a topology as a plan, with the creation and
-    /// generation it was read at.
+    /// generation it was read at. Faulty rows (see [`LoadedPlan::faults`]) read as
+    /// their stand-ins.
     pub async fn load_plan_version(&self, topology: &str) -> Result<Option<(Plan, Version)>> {
+        Ok(self
+            .load_checked(topology)
+            .await?
+            .map(|loaded| (loaded.plan, loaded.version)))
+    }
+
+    /// The desired state of a topology with every row held to the rules the
+    /// database applies to writes, and the rows that break them.
+    pub async fn load_checked(&self, topology: &str) -> Result<Option<LoadedPlan>> {
         plan_rows::load(&self.pool, topology).await
+    }
+
+    /// Records what the hub found wrong in a topology's rows (replacing the
+    /// earlier list) and, when the list changed, tells listeners on
+    /// `nextmini_topology` with the payload `<topology> problems=<n>`.
+    pub async fn record_problems(
+        &self,
+        topology_id: i64,
+        topology: &str,
+        problems: &[TopologyProblem],
+    ) -> Result<()> {
+        let mut tx = self.pool.begin().await?;
+        let before: Vec<(String, String, String)> = sqlx::query_as(
+            "SELECT subject, problem, consequence FROM topology_problems \
+             WHERE topology_id = $1 ORDER BY subject",
+        )
+        .bind(topology_id)
+        .fetch_all(&mut *tx)
+        .await?;
+        let mut now: Vec<(String, String, String)> = problems
+            .iter()
+            .map(|p| (p.subject.clone(), p.problem.clone(), p.consequence.clone()))
+            .collect();
+        now.sort();
+        now.dedup_by(|a, b| a.0 == b.0);
+        if before == now {
+            return Ok(());
+        }
+        sqlx::query("DELETE FROM topology_problems WHERE topology_id = $1")
+            .bind(topology_id)
+            .execute(&mut *tx)
+            .await?;
+        for (subject, problem, consequence) in &now {
+            sqlx::query(
+                "INSERT INTO topology_problems (topology_id, subject, problem, consequence) \
+                 SELECT id, $2, $3, $4 FROM topologies WHERE id = $1",
+            )
+            .bind(topology_id)
+            .bind(subject)
+            .bind(problem)
+            .bind(consequence)
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(TOPOLOGY_CHANNEL)
+            .bind(format!("{topology} problems={}", now.len()))
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// What the hub last found wrong in the topology's rows.
+    pub async fn problems(&self, topology: &str) -> Result<Vec<TopologyProblem>> {
+        status::problems(&self.pool, topology).await
     }
 
     /// Which creation of the named topology exists now, and at which generation.

@@ -2,13 +2,13 @@
 //! the hub builds every snapshot from these rows, so a control script that edits
 //! a link row is seen exactly like a re-applied manifest.
 
-use super::{Result, StoreError};
+use super::{FaultyPart, Result, RowFault, StoreError};
 use crate::plan::{
     Dataplane, LinkParams, Mapping, Packing, Placement, Plan, PlannedLink, PlannedNode, Resources,
     Transport,
 };
 use sqlx::{PgPool, Postgres, Row, Transaction};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 pub(super) async fn upsert_topology(
     tx: &mut Transaction<'_, Postgres>,
@@ -187,7 +187,17 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
     Ok(())
 }
 
-pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, super::Version)>> {
+/// A topology's plan as stored, with the rows it could not take as written.
+#[derive(Debug, Clone)]
+pub struct LoadedPlan {
+    pub plan: Plan,
+    pub version: super::Version,
+    /// Rows that break the rules for what a row may hold; the plan has a
+    /// stand-in for each (see [`FaultyPart`]).
+    pub faults: Vec<RowFault>,
+}
+
+pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>> {
     let Some(t) = sqlx::query(
         "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement FROM topologies WHERE name = $1",
     )
@@ -202,6 +212,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
         reason,
     };
     let id: i64 = t.get("id");
+    let mtu = t.get::<i32, _>("mtu") as u32;
     let overlay = t
         .get::<String, _>("overlay")
         .parse()
@@ -210,6 +221,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
         .get::<String, _>("underlay")
         .parse()
         .map_err(|e| corrupt(format!("underlay: {e}")))?;
+    let mut faults = Vec::new();
     let nodes = sqlx::query(
         "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, socks::text AS socks FROM nodes WHERE topology_id = $1 ORDER BY idx",
     )
@@ -219,6 +231,17 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
     .into_iter()
     .map(|r| {
         let name: String = r.get("name");
+        let socks = match serde_json::from_str(&r.get::<String, _>("socks")) {
+            Ok(socks) => socks,
+            Err(e) => {
+                faults.push(RowFault {
+                    part: FaultyPart::NodeSocks(name.clone()),
+                    subject: format!("nodes {name} socks"),
+                    problem: e.to_string(),
+                });
+                Vec::new()
+            }
+        };
         Ok(PlannedNode {
             index: r.get::<i32, _>("idx") as u32,
             overlay: r
@@ -233,42 +256,61 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
                 cpu_millis: r.get::<Option<i32>, _>("cpu_millis").map(|v| v as u32),
                 memory_bytes: r.get::<Option<i64>, _>("memory_bytes").map(|v| v as u64),
             },
-            socks: serde_json::from_str(&r.get::<String, _>("socks"))
-                .map_err(|e| corrupt(format!("node {name} socks: {e}")))?,
+            socks,
             name,
         })
     })
     .collect::<Result<Vec<_>>>()?;
-    let links = sqlx::query(
+    let rows = sqlx::query(
         "SELECT name, dialer, acceptor, transport, \
            params_forward::text AS params_forward, params_backward::text AS params_backward \
          FROM links WHERE topology_id = $1 ORDER BY name",
     )
     .bind(id)
     .fetch_all(pool)
-    .await?
-    .into_iter()
-    .map(|r| {
+    .await?;
+    let mut checker = ParamsChecker::new(mtu);
+    let mut links = Vec::with_capacity(rows.len());
+    for r in rows {
         let name: String = r.get("name");
-        let params = |column: &str| {
-            serde_json::from_str::<LinkParams>(&r.get::<String, _>(column))
-                .map_err(|e| corrupt(format!("link {name} {column}: {e}")))
+        let mut direction = |column: &'static str, part: FaultyPart| match checker
+            .check(column, &r.get::<String, _>(column))
+        {
+            Ok(params) => params,
+            Err(problem) => {
+                faults.push(RowFault {
+                    part,
+                    subject: format!("links {name} {column}"),
+                    problem,
+                });
+                LinkParams::default()
+            }
         };
-        Ok(PlannedLink {
-            forward: params("params_forward")?,
-            backward: params("params_backward")?,
+        let forward = direction("params_forward", FaultyPart::LinkForward(name.clone()));
+        let backward = direction("params_backward", FaultyPart::LinkBackward(name.clone()));
+        let transport = match r.get::<String, _>("transport").as_str() {
+            "tcp" => Transport::Tcp,
+            "quic" => Transport::Quic,
+            other => {
+                faults.push(RowFault {
+                    part: FaultyPart::LinkTransport(name.clone()),
+                    subject: format!("links {name} transport"),
+                    problem: format!("transport: must be tcp or quic, got {other:?}"),
+                });
+                Transport::Tcp
+            }
+        };
+        links.push(PlannedLink {
+            forward,
+            backward,
             dialer: r.get("dialer"),
             acceptor: r.get("acceptor"),
-            transport: if r.get::<String, _>("transport") == "quic" {
-                Transport::Quic
-            } else {
-                Transport::Tcp
-            },
+            transport,
             name,
-        })
-    })
-    .collect::<Result<Vec<_>>>()?;
-    let flows = super::flows::load(pool, name, id).await?;
+        });
+    }
+    let (flows, flow_faults) = super::flows::load(pool, id).await?;
+    faults.extend(flow_faults);
     let plan = Plan {
         topology: name.to_string(),
         overlay,
@@ -281,7 +323,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
             } else {
                 Mapping::Sequential
             },
-            mtu: t.get::<i32, _>("mtu") as u32,
+            mtu,
             ttl_decrement: t.get("ttl_decrement"),
         },
         report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
@@ -293,7 +335,55 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<(Plan, supe
         id,
         generation: t.get("generation"),
     };
-    Ok(Some((plan, version)))
+    Ok(Some(LoadedPlan {
+        plan,
+        version,
+        faults,
+    }))
+}
+
+/// Holds stored link parameters to the rules the database applies to writes.
+/// Most links of a topology share one parameter set (generators, linkDefaults),
+/// so each distinct text is checked once per load.
+struct ParamsChecker {
+    rules: &'static serde_json::Value,
+    ctx: super::rules::Context,
+    seen: HashMap<(&'static str, String), std::result::Result<LinkParams, String>>,
+}
+
+impl ParamsChecker {
+    fn new(mtu: u32) -> Self {
+        ParamsChecker {
+            rules: super::rules::link_params_cached(),
+            ctx: super::rules::Context {
+                mtu: Some(u64::from(mtu)),
+            },
+            seen: HashMap::new(),
+        }
+    }
+
+    /// The parameters in `text`, or the problem as `column.key: reason`.
+    fn check(
+        &mut self,
+        column: &'static str,
+        text: &str,
+    ) -> std::result::Result<LinkParams, String> {
+        let key = (column, text.to_string());
+        if let Some(known) = self.seen.get(&key) {
+            return known.clone();
+        }
+        let verdict = serde_json::from_str::<serde_json::Value>(text)
+            .map_err(|e| format!("{column}: {e}"))
+            .and_then(
+                |v| match super::rules::problem(self.rules, &v, column, self.ctx) {
+                    Some(p) => Err(p),
+                    None => serde_json::from_value::<LinkParams>(v)
+                        .map_err(|e| format!("{column}: {e}")),
+                },
+            );
+        self.seen.insert(key, verdict.clone());
+        verdict
+    }
 }
 
 fn params_json(plan: &Plan, p: &LinkParams) -> Result<String> {

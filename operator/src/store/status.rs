@@ -10,6 +10,8 @@ pub struct TopologyStatusRow {
     pub runtime: String,
     pub nodes: Vec<NodeStatusRow>,
     pub links: Vec<LinkStatusRow>,
+    /// Rows the hub could not run as written, and what runs instead.
+    pub problems: Vec<super::TopologyProblem>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -103,5 +105,25 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         runtime: t.get("runtime"),
         nodes,
         links,
+        problems: problems(pool, name).await?,
     }))
+}
+
+/// What the hub last found wrong in the topology's rows, by subject.
+pub(super) async fn problems(pool: &PgPool, name: &str) -> Result<Vec<super::TopologyProblem>> {
+    let rows = sqlx::query(
+        "SELECT p.subject, p.problem, p.consequence FROM topology_problems p \
+         JOIN topologies t ON t.id = p.topology_id WHERE t.name = $1 ORDER BY p.subject",
+    )
+    .bind(name)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| super::TopologyProblem {
+            subject: r.get("subject"),
+            problem: r.get("problem"),
+            consequence: r.get("consequence"),
+        })
+        .collect())
 }

@@ -138,6 +138,19 @@ fn print_topology(
         ]);
     }
     println!("{links}");
+    if !t.problems.is_empty() {
+        println!(
+            "\n{} stored row(s) cannot run as written (written past the database's checks; repair them with SQL):",
+            t.problems.len()
+        );
+        let mut problems = Table::new();
+        problems.load_preset(UTF8_BORDERS_ONLY);
+        problems.set_header(["ROW", "PROBLEM", "RUNS INSTEAD"]);
+        for p in &t.problems {
+            problems.add_row([p.subject.clone(), p.problem.clone(), p.consequence.clone()]);
+        }
+        println!("{problems}");
+    }
 }
 
 fn human_bytes(n: i64) -> String {

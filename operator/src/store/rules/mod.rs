@@ -12,6 +12,12 @@ mod schema;
 pub use check::{Context, problem};
 pub use schema::{LINK_PARAMS, documents, link_params};
 
+/// [`link_params`], built once: the hub checks every link row it loads with it.
+pub fn link_params_cached() -> &'static serde_json::Value {
+    static DOC: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
+    DOC.get_or_init(link_params)
+}
+
 use sqlx::PgPool;
 
 /// Writes this binary's rule documents into `nextmini_schemas`, replacing older ones.
