@@ -194,6 +194,13 @@ impl Env {
 
     /// A query against the private PostgreSQL, rows as `|`-separated lines.
     pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|e| panic!("psql {sql:?}: {e}"))
+    }
+
+    /// A statement as a control script sends it (psql, no operator mark): the
+    /// rows as `|`-separated lines, or the database's error text.
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
         let out = Command::new("psql")
             .args(["-h"])
             .arg(self.state_dir.join("postgres-run"))
@@ -204,17 +211,23 @@ impl Env {
                 "postgres",
                 "-d",
                 "nextmini",
+                "-v",
+                "ON_ERROR_STOP=1",
                 "-tAc",
                 sql,
             ])
             .output()
             .expect("running psql");
-        assert!(
-            out.status.success(),
-            "psql {sql:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).trim().to_string()
+        if out.status.success() {
+            Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        }
+    }
+
+    /// The private PostgreSQL's URL, as `nextmini db url` prints it.
+    pub fn database_url(&self) -> String {
+        self.ok(&["db", "url"]).trim().to_string()
     }
 
     pub fn hub_pid(&self) -> Option<i32> {

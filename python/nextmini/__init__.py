@@ -7,7 +7,7 @@ notifications the schema sends.
 """
 
 from .controller import Controller
-from .errors import NextminiError, NotFoundError, RouteError
+from .errors import LinkParamsError, NextminiError, NotFoundError, RefusedWriteError, RouteError
 from .events import (
     METRICS_CHANNEL,
     NODES_CHANNEL,
@@ -35,6 +35,8 @@ __all__ = [
     "Controller",
     "NextminiError",
     "NotFoundError",
+    "RefusedWriteError",
+    "LinkParamsError",
     "RouteError",
     "Listener",
     "METRICS_CHANNEL",

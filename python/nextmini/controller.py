@@ -10,6 +10,7 @@ the database's messages to Python exceptions.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,7 +21,7 @@ from psycopg.types.json import Jsonb
 
 from . import graph
 from .dsn import resolve_dsn
-from .errors import NextminiError, NotFoundError, RouteError
+from .errors import LinkParamsError, NextminiError, NotFoundError, RefusedWriteError, RouteError
 from .events import METRICS_CHANNEL, Event, Listener
 from .model import (
     Direction,
@@ -159,6 +160,8 @@ class Controller:
                 yield self._conn
         except psycopg.errors.RaiseException as e:
             raise RouteError(e.diag.message_primary or str(e)) from e
+        except psycopg.errors.CheckViolation as e:
+            raise RefusedWriteError(e.diag.message_primary or str(e)) from e
         except psycopg.OperationalError as e:
             raise NextminiError(f"database: {e}") from e
 
@@ -391,26 +394,65 @@ class Controller:
         Top-level keys are replaced (e.g. rate_bps=20_000_000, loss_ppm=0); a nested
         object such as ``queue`` is replaced whole. The agents apply the change in
         place; connections and flows survive it.
+
+        The merged parameters are checked with the database's own rules before the
+        write (``nextmini_link_params_problem``, the rules the links trigger and the
+        hub apply), so a bad value raises `LinkParamsError` with the database's
+        message, e.g. ``links s-y: params_forward.rate_bps: must be an integer or
+        null, got "abc"``, and nothing is written.
         """
         if direction not in ("both", "forward", "backward"):
             raise ValueError(f"direction must be 'both', 'forward' or 'backward', not {direction!r}")
         if not params:
             raise ValueError("set_link needs at least one parameter, e.g. rate_bps=20_000_000")
+        columns = [
+            column
+            for column, wanted in (
+                ("params_forward", direction in ("both", "forward")),
+                ("params_backward", direction in ("both", "backward")),
+            )
+            if wanted
+        ]
+        try:
+            payload = Jsonb(params)
+            json.dumps(params)
+        except (TypeError, ValueError) as e:
+            raise LinkParamsError(
+                f"links {name}: parameters must be JSON values: {e}", link=name, column=columns[0]
+            ) from e
         with self._transaction() as conn:
-            row = conn.execute(
-                "UPDATE links SET"
-                " params_forward = CASE WHEN %(fwd)s THEN params_forward || %(p)s ELSE params_forward END,"
-                " params_backward = CASE WHEN %(bwd)s THEN params_backward || %(p)s ELSE params_backward END"
-                " WHERE topology_id = %(t)s AND name = %(name)s RETURNING name",
-                self._params(
-                    name=name,
-                    p=Jsonb(params),
-                    fwd=direction in ("both", "forward"),
-                    bwd=direction in ("both", "backward"),
-                ),
+            current = conn.execute(
+                "SELECT params_forward, params_backward FROM links"
+                " WHERE topology_id = %(t)s AND name = %(name)s FOR UPDATE",
+                self._params(name=name),
             ).fetchone()
-        if row is None:
-            raise NotFoundError(f"no link {name!r} in topology {self.topology}; {self._link_listing()}")
+            if current is None:
+                raise NotFoundError(f"no link {name!r} in topology {self.topology}; {self._link_listing()}")
+            for column in columns:
+                merged = {**(current[0] if column == "params_forward" else current[1]), **params}
+                (problem,) = conn.execute(
+                    "SELECT nextmini_link_params_problem(%(t)s, %(p)s, %(c)s)",
+                    self._params(p=Jsonb(merged), c=column),
+                ).fetchone()
+                if problem is not None:
+                    raise LinkParamsError(f"links {name}: {problem}", link=name, column=column)
+            try:
+                conn.execute(
+                    "UPDATE links SET"
+                    " params_forward = CASE WHEN %(fwd)s THEN params_forward || %(p)s ELSE params_forward END,"
+                    " params_backward = CASE WHEN %(bwd)s THEN params_backward || %(p)s ELSE params_backward END"
+                    " WHERE topology_id = %(t)s AND name = %(name)s",
+                    self._params(
+                        name=name,
+                        p=payload,
+                        fwd="params_forward" in columns,
+                        bwd="params_backward" in columns,
+                    ),
+                )
+            except psycopg.errors.CheckViolation as e:
+                message = e.diag.message_primary or str(e)
+                column = "params_backward" if "params_backward" in message else columns[0]
+                raise LinkParamsError(message, link=name, column=column) from e
 
     def _match_params(self, match: Match) -> dict[str, Any]:
         return self._params(

@@ -3,6 +3,8 @@
 The schema NOTIFYs on three channels, always with names, never with rows:
 
 * ``nextmini_topology``: payload ``<topology>``, the desired state changed (new generation);
+  or ``<topology> problems=<n>``, the hub's list of stored rows it cannot run as written
+  changed (``nextmini status`` shows them);
 * ``nextmini_metrics``: payload ``<topology>``, a batch of link metrics was stored;
 * ``nextmini_nodes``: payload ``<topology>/<node> <state>``, an agent's stream changed state.
 
@@ -38,7 +40,9 @@ _NOTIFIES_HAS_TIMEOUT = "timeout" in inspect.signature(psycopg.Connection.notifi
 
 def payload_topology(channel: str, payload: str) -> str | None:
     """The topology a notification is about, or None for channels we do not know."""
-    if channel in (TOPOLOGY_CHANNEL, METRICS_CHANNEL):
+    if channel == TOPOLOGY_CHANNEL:
+        return payload.split(" ", 1)[0]
+    if channel == METRICS_CHANNEL:
         return payload
     if channel == NODES_CHANNEL:
         return payload.split("/", 1)[0]

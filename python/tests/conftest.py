@@ -11,6 +11,7 @@ import select
 import subprocess
 import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -53,8 +54,25 @@ def dsn(pg: pgserver.PrivatePostgres) -> str:
     return pg.url
 
 
+@contextmanager
+def as_operator(conn: psycopg.Connection) -> Iterator[None]:
+    """Writes as the operator: topologies, nodes and links are its rows to create
+    and delete, and the database refuses that to anyone else. Afterwards the
+    connection writes as a control script does again."""
+    conn.execute("SET nextmini.writer = 'operator'")
+    try:
+        yield
+    finally:
+        conn.execute("RESET nextmini.writer")
+
+
 def insert_topology(conn: psycopg.Connection, name: str = TOPOLOGY) -> int:
     """Inserts a diamond a-{b,c}-d the way the operator's store would."""
+    with as_operator(conn):
+        return _insert_topology(conn, name)
+
+
+def _insert_topology(conn: psycopg.Connection, name: str) -> int:
     (topology_id,) = conn.execute(
         "INSERT INTO topologies"
         " (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source)"
@@ -89,7 +107,8 @@ def insert_topology(conn: psycopg.Connection, name: str = TOPOLOGY) -> int:
 def db(dsn: str) -> Iterator[psycopg.Connection]:
     """An autocommit connection to a database holding only the diamond topology."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute("DELETE FROM topologies")
+        with as_operator(conn):
+            conn.execute("DELETE FROM topologies")
         insert_topology(conn)
         yield conn
 

@@ -10,7 +10,8 @@ import pytest
 
 import pgserver
 from conftest import TOPOLOGY, insert_rate, insert_sample, insert_topology
-from nextmini import Controller, NextminiError, NotFoundError, RouteError
+import nextmini
+from nextmini import Controller, LinkParamsError, NextminiError, NotFoundError, RouteError
 from nextmini import events as events_module
 
 _REASON = pgserver.unavailable_reason()
@@ -234,12 +235,51 @@ def test_set_link_merges_params_and_bumps_generation(ctl, db):
         ctl.set_link("a-b")
 
 
+@pytest.mark.parametrize(
+    ("params", "column", "key", "says"),
+    [
+        ({"rate_bps": "abc"}, "params_forward", "rate_bps", 'must be an integer or null, got "abc"'),
+        ({"rate_bps": -5}, "params_forward", "rate_bps", "must be at least 1, got -5"),
+        ({"delay_us": 99_999_999_999}, "params_forward", "delay_us", "must be at most 60000000"),
+        ({"loss_ppm": 2_000_000}, "params_forward", "loss_ppm", "must be at most 1000000"),
+        ({"rate": 10}, "params_forward", "", "unknown key rate (known keys: burst_bytes"),
+        ({"scheduler": "nonsense"}, "params_forward", "scheduler", "must be one of fcfs, wrr, drr, priority"),
+        ({"queue": {"limit_bytes": 100}}, "params_forward", "queue.limit_bytes", "must be at least the MTU (1400 bytes)"),
+    ],
+)
+def test_set_link_refuses_what_the_database_refuses_and_writes_nothing(ctl, db, params, column, key, says):
+    before = (generation(db), ctl.link("a-b").params_forward, ctl.link("a-b").params_backward)
+    with pytest.raises(LinkParamsError) as refused:
+        ctl.set_link("a-b", **params)
+    error = refused.value
+    assert isinstance(error, nextmini.RefusedWriteError)
+    assert (error.link, error.column, error.key) == ("a-b", column, key)
+    assert str(error).startswith(f"links a-b: {column}"), str(error)
+    assert says in str(error)
+    assert (generation(db), ctl.link("a-b").params_forward, ctl.link("a-b").params_backward) == before
+    ctl.set_link("a-b", rate_bps=5_000_000)  # a good change still goes through
+    assert ctl.link("a-b").params_forward["rate_bps"] == 5_000_000
+
+
+def test_a_write_around_the_package_gets_the_same_message(ctl, db):
+    """The trigger is the rule; the package only asks it first."""
+    with pytest.raises(psycopg.errors.CheckViolation, match=r"links a-b: params_backward\.loss_ppm: must be at most 1000000"):
+        db.execute(
+            "UPDATE links SET params_backward = params_backward || '{\"loss_ppm\": 2000000}' WHERE name = 'a-b'"
+        )
+    with pytest.raises(nextmini.RefusedWriteError, match="links a-b: column dialer may not change live"):
+        with ctl._transaction() as conn:
+            conn.execute("UPDATE links SET dialer = 'd' WHERE name = 'a-b'")
+
+
 def test_values_are_bound_not_formatted(ctl, db):
     evil = "a'; DROP TABLE links; --"
     with pytest.raises(NotFoundError):
         ctl.set_link(evil, rate_bps=1)
-    ctl.set_link("a-b", note=evil)
-    assert ctl.link("a-b").params_forward["note"] == evil
+    with pytest.raises(LinkParamsError) as refused:
+        ctl.set_link("a-b", jitter_distribution=evil)
+    assert evil in str(refused.value)  # the value travelled as data, into the message
+    assert ctl.link("a-b").params_forward["rate_bps"] == 20_000_000  # and links is still there
 
 
 # -- events --------------------------------------------------------------------

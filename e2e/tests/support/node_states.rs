@@ -1,5 +1,6 @@
-//! Node state changes as the schema announces them on `nextmini_nodes`, for
-//! the suites that kill agents (shared with `#[path]`; not a test target).
+//! Notifications as the schema sends them (node state changes on
+//! `nextmini_nodes`, the hub's problem lists on `nextmini_topology`), for the
+//! suites that watch them (shared with `#[path]`; not a test target).
 
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -8,6 +9,12 @@ use std::time::{Duration, Instant};
 /// ("topology/node state"), with when they arrived: transitions too quick to
 /// poll for (a restart within half a second) are still seen.
 pub fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
+    watch_channel(url, "nextmini_nodes")
+}
+
+/// Every notification on `channel`, with when it arrived; returns once
+/// LISTEN is in effect.
+pub fn watch_channel(url: String, channel: &'static str) -> mpsc::Receiver<(String, Instant)> {
     let (tx, rx) = mpsc::channel();
     // Returns only once LISTEN is in effect: an event sent before it would be
     // missed (a fixed pause was not always enough on a loaded machine).
@@ -31,7 +38,7 @@ pub fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
                     return;
                 }
             };
-            if let Err(e) = listener.listen("nextmini_nodes").await {
+            if let Err(e) = listener.listen(channel).await {
                 let _ = ready_tx.send(Err(format!("LISTEN: {e}")));
                 return;
             }
@@ -45,8 +52,8 @@ pub fn watch_node_states(url: String) -> mpsc::Receiver<(String, Instant)> {
     });
     match ready_rx.recv_timeout(Duration::from_secs(10)) {
         Ok(Ok(())) => rx,
-        Ok(Err(e)) => panic!("watching nextmini_nodes: {e}"),
-        Err(e) => panic!("watching nextmini_nodes: not listening after 10 s ({e})"),
+        Ok(Err(e)) => panic!("watching {channel}: {e}"),
+        Err(e) => panic!("watching {channel}: not listening after 10 s ({e})"),
     }
 }
 
@@ -61,7 +68,7 @@ pub fn wait_state(
         match events.recv_timeout(left) {
             Ok((payload, at)) if payload == expected => return at,
             Ok(_) => continue,
-            Err(e) => panic!("no `{expected}` on nextmini_nodes within {limit:?} ({e})"),
+            Err(e) => panic!("no `{expected}` notification within {limit:?} ({e})"),
         }
     }
 }
