@@ -351,6 +351,7 @@ fn operator_runs_line3_on_a_real_cluster() {
     c.ok(&["delete", "topology", "broken", "--timeout=60s"]);
 
     agents_hold_no_database_credentials(&c);
+    faulty_rows_show_on_the_topology(&c);
 
     // The bad-input corpus through the API, with line3 running beside it.
     let t = Instant::now();
@@ -803,4 +804,52 @@ fn agents_hold_no_database_credentials(c: &Cluster) {
     println!(
         "PostgreSQL: NetworkPolicy admits {admitted:?} only; no agent pod holds its credentials (the test cluster's bridge CNI does not enforce NetworkPolicy)"
     );
+}
+
+/// A row written behind the database's checks (triggers off) shows as the
+/// RowsValid condition naming the row, while other changes still apply; a
+/// bad write through the checks is refused with its message.
+fn faulty_rows_show_on_the_topology(c: &Cluster) {
+    let refused = c.kubectl(&[
+        "exec",
+        &format!("statefulset/{}-postgresql", c.release),
+        "--",
+        "sh",
+        "-c",
+        r#"PGPASSWORD="$POSTGRES_PASSWORD" psql -h 127.0.0.1 -U "$POSTGRES_USER" -d "$POSTGRES_DB" -tAc "UPDATE links SET params_forward = params_forward || '{\"loss_ppm\": 2000000}' WHERE name = 'a-b'" 2>&1 || true"#,
+    ]);
+    let text = String::from_utf8_lossy(&refused.stdout);
+    assert!(
+        text.contains("links a-b: params_forward.loss_ppm: must be at most 1000000"),
+        "{text}"
+    );
+    c.psql(
+        "SET session_replication_role = replica; \
+         UPDATE links SET params_forward = params_forward || '{\"rate_bps\": \"abc\"}' WHERE name = 'b-c'",
+    );
+    let (generation, _) = generation_and_acks(c);
+    c.psql("UPDATE links SET params_forward = params_forward || '{\"delay_us\": 2000}' WHERE name = 'a-b'");
+    c.wait_for("the agents to run a-b's change", Duration::from_secs(30), || {
+        let (g, acked) = generation_and_acks(c);
+        g > generation && acked >= g
+    });
+    let t = Instant::now();
+    c.ok(&["wait", "--for=condition=RowsValid=false", "topology/line3", "--timeout=30s"]);
+    println!("a faulty row showed on the Topology in {:.1} s", t.elapsed().as_secs_f64());
+    let message = c.ok(&[
+        "get",
+        "topology",
+        "line3",
+        "-o",
+        r#"jsonpath={.status.conditions[?(@.type=="RowsValid")].message}"#,
+    ]);
+    assert!(
+        message.contains("links b-c params_forward")
+            && message.contains("rate_bps: must be an integer or null")
+            && message.contains("runs its last good parameters"),
+        "{message}"
+    );
+    c.psql("UPDATE links SET params_forward = params_forward || '{\"rate_bps\": 20000000}' WHERE name = 'b-c'");
+    c.ok(&["wait", "--for=condition=RowsValid=true", "topology/line3", "--timeout=30s"]);
+    c.psql("UPDATE links SET params_forward = params_forward - 'delay_us' WHERE name = 'a-b'");
 }

@@ -24,7 +24,9 @@ use std::time::Duration;
 /// How often a topology that is not Ready yet is looked at again (agents and
 /// links report to the store, not to the API server).
 const STARTING_RECHECK: Duration = Duration::from_secs(2);
-const READY_RECHECK: Duration = Duration::from_secs(30);
+/// How often a Ready topology is looked at again: a link that went down, a pod
+/// that fails or a stored row the hub cannot run shows within this.
+const READY_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
