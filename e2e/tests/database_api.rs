@@ -76,7 +76,7 @@ fn corpus() -> Vec<(String, &'static str)> {
         (fwd(r#"{"scheduler": {"wrr": {"weights": []}}}"#), "params_forward.scheduler.wrr.weights: must list at least 1 item(s), got 0"),
         (fwd(r#"{"scheduler": {"wrr": {"weights": [3, 0]}}}"#), "params_forward.scheduler.wrr.weights[1]: must be at least 1, got 0"),
         (fwd(r#"{"scheduler": {"priority": {"bands": 9}}}"#), "params_forward.scheduler.priority.bands: must be at most 8, got 9"),
-        (format!(r#"UPDATE links SET params_forward = params_forward || jsonb_build_object('scheduler', jsonb_build_object('drr', jsonb_build_object('quantum_bytes', (SELECT jsonb_agg(1500) FROM generate_series(1, 65))))) WHERE name = 's-y'"#), "params_forward.scheduler.drr.quantum_bytes: must list at most 64 item(s), got 65"),
+        (r#"UPDATE links SET params_forward = params_forward || jsonb_build_object('scheduler', jsonb_build_object('drr', jsonb_build_object('quantum_bytes', (SELECT jsonb_agg(1500) FROM generate_series(1, 65))))) WHERE name = 's-y'"#.to_string(), "params_forward.scheduler.drr.quantum_bytes: must list at most 64 item(s), got 65"),
         (fwd(r#"{"scheduler": "fcfs", "classes": [{"queue": 3}]}"#), "params_forward.classes[0].queue: queue 3 does not exist: the scheduler has 1 queue(s)"),
         (fwd(r#"{"classes": [{"queue": 0, "dscp": 64}]}"#), "params_forward.classes[0].dscp: must be at most 63, got 64"),
         (fwd(r#"{"classes": [{"queue": 0, "src_port": 0}]}"#), "params_forward.classes[0].src_port: must be at least 1, got 0"),

@@ -829,13 +829,25 @@ fn faulty_rows_show_on_the_topology(c: &Cluster) {
     );
     let (generation, _) = generation_and_acks(c);
     c.psql("UPDATE links SET params_forward = params_forward || '{\"delay_us\": 2000}' WHERE name = 'a-b'");
-    c.wait_for("the agents to run a-b's change", Duration::from_secs(30), || {
-        let (g, acked) = generation_and_acks(c);
-        g > generation && acked >= g
-    });
+    c.wait_for(
+        "the agents to run a-b's change",
+        Duration::from_secs(30),
+        || {
+            let (g, acked) = generation_and_acks(c);
+            g > generation && acked >= g
+        },
+    );
     let t = Instant::now();
-    c.ok(&["wait", "--for=condition=RowsValid=false", "topology/line3", "--timeout=30s"]);
-    println!("a faulty row showed on the Topology in {:.1} s", t.elapsed().as_secs_f64());
+    c.ok(&[
+        "wait",
+        "--for=condition=RowsValid=false",
+        "topology/line3",
+        "--timeout=30s",
+    ]);
+    println!(
+        "a faulty row showed on the Topology in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
     let message = c.ok(&[
         "get",
         "topology",
@@ -850,6 +862,11 @@ fn faulty_rows_show_on_the_topology(c: &Cluster) {
         "{message}"
     );
     c.psql("UPDATE links SET params_forward = params_forward || '{\"rate_bps\": 20000000}' WHERE name = 'b-c'");
-    c.ok(&["wait", "--for=condition=RowsValid=true", "topology/line3", "--timeout=30s"]);
+    c.ok(&[
+        "wait",
+        "--for=condition=RowsValid=true",
+        "topology/line3",
+        "--timeout=30s",
+    ]);
     c.psql("UPDATE links SET params_forward = params_forward - 'delay_us' WHERE name = 'a-b'");
 }

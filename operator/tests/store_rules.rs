@@ -128,12 +128,12 @@ impl Documents {
 
     fn value(&mut self) -> Value {
         const TYPICAL: [u64; 6] = [1, 2, 20, 1500, 64_000, 1_000_000];
-        match self.rng.random_range(0..16) {
+        match self.rng.random_range(0..17) {
             0..=7 => json!(TYPICAL[self.rng.random_range(0..TYPICAL.len())]),
             8..=12 => self.number(),
-            6 => Value::Null,
-            7 => json!("abc"),
-            8 => json!(true),
+            13 => Value::Null,
+            14 => json!("abc"),
+            15 => json!(true),
             _ => json!({}),
         }
     }
