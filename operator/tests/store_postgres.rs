@@ -340,23 +340,32 @@ async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
     assert_eq!(g, 4);
     assert_eq!(load("line3").await, (line3, 4));
 
-    // A misspelt key is refused when read, naming the link and column, rather than
-    // silently leaving the link unshaped.
+    // A misspelt key that got past the database's checks (the operator's own
+    // connections skip them) is reported when read, naming the link, column and
+    // key, rather than silently leaving the link unshaped; the rest loads.
     sqlx::query(
         r#"UPDATE links SET params_forward = params_forward || '{"rate": 5}' WHERE name = 'core'"#,
     )
     .execute(store.pool())
     .await
     .expect("update");
-    let err = store
-        .load_plan("shaped")
+    let loaded = store
+        .load_checked("shaped")
         .await
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
+        .expect("load")
+        .expect("exists");
+    assert_eq!(loaded.faults.len(), 1, "{:?}", loaded.faults);
+    let fault = &loaded.faults[0];
+    assert_eq!(fault.subject, "links core params_forward");
     assert!(
-        err.contains("link core params_forward") && err.contains("unknown field `rate`"),
-        "{err}"
+        fault.problem.starts_with("params_forward: unknown key rate"),
+        "{}",
+        fault.problem
+    );
+    assert_eq!(
+        loaded.plan.links.len(),
+        shaped.links.len(),
+        "the other links load as stored"
     );
 }
 
