@@ -87,6 +87,19 @@ pub struct NodeCounters {
     /// TUN reads and writes that carried a super-packet whole (offload).
     pub tun_rx_super: AtomicU64,
     pub tun_tx_super: AtomicU64,
+    /// Packets each processor routed, by processor index; set once, when the
+    /// processors start. Shows whether flows really spread over processors.
+    pub processed: std::sync::OnceLock<Box<[AtomicU64]>>,
+}
+
+impl NodeCounters {
+    /// Packets each processor routed so far (empty before they start).
+    pub fn processed(&self) -> Vec<u64> {
+        self.processed
+            .get()
+            .map(|c| c.iter().map(|v| v.load(Relaxed)).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// SOCKS and max-mode relays of this agent (read by the metrics collector).

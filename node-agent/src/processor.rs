@@ -15,6 +15,7 @@ use crate::routing::{Decision, RouteTable};
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc;
 
@@ -58,17 +59,23 @@ pub enum Processors {
 }
 
 impl Processors {
+    /// Starts `count` processors. An agent starts its processors once; the
+    /// per-processor counts in `outputs.counters` belong to the first set.
     pub fn spawn(count: u32, mapping: Mapping, outputs: Outputs) -> Processors {
         let count = count.max(1);
+        let _ = outputs
+            .counters
+            .processed
+            .set((0..count).map(|_| AtomicU64::new(0)).collect());
         match mapping {
             Mapping::Sequential => {
-                let inputs: Vec<_> = (0..count)
-                    .map(|_| {
+                let inputs: Vec<_> = (0..count as usize)
+                    .map(|index| {
                         let (tx, mut rx) = mpsc::channel(PROCESSOR_QUEUE);
                         let outputs = outputs.clone();
                         tokio::spawn(async move {
                             while let Some(p) = rx.recv().await {
-                                if !process(p, &outputs).await {
+                                if !process_counted(index, p, &outputs).await {
                                     return;
                                 }
                             }
@@ -80,12 +87,12 @@ impl Processors {
             }
             Mapping::Concurrent => {
                 let (tx, rx) = async_channel::bounded::<Packet>(PROCESSOR_QUEUE * count as usize);
-                for _ in 0..count {
+                for index in 0..count as usize {
                     let rx = rx.clone();
                     let outputs = outputs.clone();
                     tokio::spawn(async move {
                         while let Ok(p) = rx.recv().await {
-                            if !process(p, &outputs).await {
+                            if !process_counted(index, p, &outputs).await {
                                 return;
                             }
                         }
@@ -115,6 +122,19 @@ impl Processors {
             }
         }
     }
+}
+
+/// [`process`], counted for processor `index`.
+async fn process_counted(index: usize, packet: Packet, outputs: &Outputs) -> bool {
+    if let Some(count) = outputs
+        .counters
+        .processed
+        .get()
+        .and_then(|c| c.get(index))
+    {
+        count.fetch_add(1, Relaxed);
+    }
+    process(packet, outputs).await
 }
 
 /// Routes one packet. False when the agent is shutting down.
@@ -242,9 +262,6 @@ mod tests {
     use nextmini_proto::v1 as pb;
     use std::collections::HashMap;
 
-    const FLOWS: u16 = 8;
-    const PER_FLOW: u32 = 4000;
-
     /// An IPv4/UDP packet of flow `flow` carrying sequence number `seq`.
     fn packet(flow: u16, seq: u32) -> Bytes {
         let mut p = vec![0u8; 32];
@@ -261,8 +278,13 @@ mod tests {
         Bytes::from(p)
     }
 
-    /// Packets delivered out of order within their flow, as a fraction.
-    async fn out_of_order(mapping: Mapping) -> f64 {
+    const PROCESSORS: usize = 4;
+
+    /// Sends `flows` flows of `per_flow` packets each through four processors
+    /// (two sources interleaving them, as a TUN reader and a link would).
+    /// Returns the fraction delivered out of order within its flow and the
+    /// packets each processor routed.
+    async fn run(mapping: Mapping, flows: u16, per_flow: u32) -> (f64, Vec<u64>) {
         let table = pb::RouteTable {
             destinations: vec![pb::DestinationRoute {
                 node: "b".into(),
@@ -275,32 +297,29 @@ mod tests {
             RouteTable::from_proto(&table, |_| None).expect("table"),
         ));
         let (local, mut delivered) = mpsc::channel(1 << 16);
+        let counters = Arc::new(NodeCounters::default());
         let processors = Processors::spawn(
-            4,
+            PROCESSORS as u32,
             mapping,
             Outputs {
                 routes,
                 local,
-                counters: Arc::new(NodeCounters::default()),
+                counters: counters.clone(),
                 synth: Arc::default(),
             },
         );
-        // Two sources interleave flows, as a TUN reader and a link would.
         let mut sources = Vec::new();
         for half in 0..2u16 {
             let p = processors.clone();
             sources.push(tokio::spawn(async move {
-                for seq in 0..PER_FLOW {
-                    for flow in (half..FLOWS).step_by(2) {
+                for seq in 0..per_flow {
+                    for flow in (half..flows).step_by(2) {
                         p.dispatch(Packet::from_tun(packet(flow, seq))).await;
                     }
                 }
             }));
         }
-        for s in sources {
-            s.await.expect("source");
-        }
-        let total = u32::from(FLOWS) * PER_FLOW;
+        let total = u32::from(flows) * per_flow;
         let mut last: HashMap<u16, u32> = HashMap::new();
         let mut late = 0u32;
         for _ in 0..total {
@@ -314,22 +333,55 @@ mod tests {
                 }
             }
         }
-        f64::from(late) / f64::from(total)
+        for s in sources {
+            s.await.expect("source");
+        }
+        (f64::from(late) / f64::from(total), counters.processed())
     }
 
+    /// Sequential mapping promises two things: a flow never changes processor
+    /// (so it is never reordered), and flows spread over all processors. Each
+    /// processor must route exactly the packets of the flows its hash names.
     #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn sequential_mapping_never_reorders_a_flow() {
-        assert_eq!(out_of_order(Mapping::Sequential).await, 0.0);
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-    async fn concurrent_mapping_reordering_is_measured() {
-        let rate = out_of_order(Mapping::Concurrent).await;
-        // Printed for BENCHMARKS.md; PdP saw 10-13% with round robin.
-        println!(
-            "concurrent mapping: {:.3}% of packets out of order within their flow",
-            rate * 100.0
+    async fn sequential_mapping_keeps_each_flow_on_its_processor_and_uses_them_all() {
+        const FLOWS: u16 = 64;
+        const PER_FLOW: u32 = 500;
+        let (late, processed) = run(Mapping::Sequential, FLOWS, PER_FLOW).await;
+        assert_eq!(late, 0.0, "a flow was reordered");
+        let mut expected = vec![0u64; PROCESSORS];
+        for flow in 0..FLOWS {
+            let key = FlowKey::parse(&packet(flow, 0)).expect("key");
+            let index = jump_consistent_hash(key.stable_hash(), PROCESSORS as u32) as usize;
+            expected[index] += u64::from(PER_FLOW);
+        }
+        assert_eq!(processed, expected, "packets per processor");
+        assert!(
+            processed.iter().all(|&n| n > 0),
+            "a processor took no flow: {processed:?}"
         );
-        assert!(rate < 1.0);
+    }
+
+    /// Concurrent mapping promises that one flow uses every processor (at the
+    /// price of some reordering, measured here for BENCHMARKS.md).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn concurrent_mapping_spreads_one_flow_over_every_processor() {
+        const PER_FLOW: u32 = 40_000;
+        let (late, processed) = run(Mapping::Concurrent, 1, PER_FLOW).await;
+        println!(
+            "concurrent mapping, one flow: {:.3}% of packets out of order, per processor {processed:?}",
+            late * 100.0
+        );
+        assert_eq!(processed.iter().sum::<u64>(), u64::from(PER_FLOW));
+        let least = u64::from(PER_FLOW) / (PROCESSORS as u64 * 20);
+        assert!(
+            processed.iter().all(|&n| n >= least),
+            "one flow must be shared by all {PROCESSORS} processors (each at least {least}): {processed:?}"
+        );
+        let (late, _) = run(Mapping::Concurrent, 8, 4000).await;
+        // PdP saw 10-13% with round robin.
+        println!(
+            "concurrent mapping, 8 flows: {:.3}% of packets out of order within their flow",
+            late * 100.0
+        );
     }
 }

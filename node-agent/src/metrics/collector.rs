@@ -265,6 +265,20 @@ impl Collector for DataplaneCollector {
                 (vec![("cause", "malformed")], get(&node.malformed)),
             ],
         )?;
+        let processed = node.processed();
+        let names: Vec<String> = (0..processed.len()).map(|i| i.to_string()).collect();
+        counters(
+            e,
+            &desc(
+                "nextmini_agent_processor_packets",
+                None,
+                "Packets each processor task routed (spec.dataplane.processors); with mapping: sequential a flow stays on one processor, with concurrent every processor takes a share of every flow",
+            ),
+            names
+                .iter()
+                .zip(processed)
+                .map(|(name, n)| (vec![("processor", name.as_str())], n)),
+        )?;
         relay(e, &self.source.relay)
     }
 }
