@@ -289,6 +289,13 @@ impl Local {
         if !PathBuf::from("/run/netns").join(&ns).exists() {
             bail!("node {node} of topology {topology} is not running (no namespace {ns})");
         }
+        // The command runs under the node's CPU and memory limits, like its
+        // agent: this process joins the node's group and the command inherits it.
+        nextmini_operator::runtime::cgroup::join(
+            &nextmini_operator::runtime::cgroup::group_name(&ns),
+            std::process::id(),
+        )
+        .with_context(|| format!("joining node {node}'s cgroup"))?;
         let err = Command::new("ip")
             .args(["netns", "exec", &ns])
             .args(command)
