@@ -649,6 +649,8 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         || (c_received(c) - before) as u64 >= 20 * MIB,
     );
 
+    recreated_topology_runs_its_new_parameters(c);
+
     // kubectl delete leaves no pod, service, secret, row or finalizer.
     let t = Instant::now();
     c.ok(&["delete", "topology", "packed6", "--timeout=120s"]);
@@ -869,4 +871,106 @@ fn faulty_rows_show_on_the_topology(c: &Cluster) {
         "--timeout=30s",
     ]);
     c.psql("UPDATE links SET params_forward = params_forward - 'delay_us' WHERE name = 'a-b'");
+}
+
+/// Issue 21.1 on the cluster: a topology deleted and applied again under the
+/// same name, with packed6 alive beside it (so the operator's hub keeps
+/// running), runs its new link parameters, not the ones of its first creation.
+fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
+    let pair = |params: &str| {
+        format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: pair2}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  linkDefaults: {{{params}}}\n  nodes: [{{name: x}}, {{name: y}}]\n  links: [{{endpoints: [x, y]}}]\n",
+            worker_image()
+        )
+    };
+    // The TCP handshake's time from x to a web server in y: one round trip.
+    let connect_secs = || -> f64 {
+        c.ok(&[
+            "exec",
+            "pair2-worker-0",
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /tmp/www && head -c 2000000 /dev/urandom > /tmp/www/blob && setsid nextmini exec y -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
+        ]);
+        c.wait_for("the web server in y", Duration::from_secs(30), || {
+            c.kubectl(&[
+                "exec",
+                "pair2-worker-0",
+                "--",
+                "nextmini",
+                "exec",
+                "x",
+                "--",
+                "curl",
+                "-sS",
+                "--max-time",
+                "5",
+                "-o",
+                "/dev/null",
+                "http://y:8000/",
+            ])
+            .status
+            .success()
+        });
+        let times: Vec<f64> = (0..5)
+            .map(|_| {
+                in_node(
+                    c,
+                    "pair2-worker-0",
+                    "x",
+                    "curl -sS --max-time 10 -o /dev/null -w '%{time_connect}' http://y:8000/",
+                )
+                .parse()
+                .expect("a connect time")
+            })
+            .collect();
+        times.iter().copied().fold(f64::INFINITY, f64::min)
+    };
+    let loss_drops = || -> i64 {
+        c.psql("SELECT coalesce(sum(c.drops_loss), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.name = 'pair2'")
+            .parse()
+            .expect("a count")
+    };
+    c.apply_until_ready(&pair("rate: 200Mbit, delay: 1ms"), "pair2", "240s");
+    let first = connect_secs();
+    c.ok(&["delete", "topology", "pair2", "--timeout=120s"]);
+    c.wait_for("pair2's worker to go", Duration::from_secs(90), || {
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=pair2",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .is_empty()
+    });
+    c.apply_until_ready(&pair("rate: 12Mbit, delay: 9ms, loss: 3%"), "pair2", "240s");
+    let again = connect_secs();
+    in_node(
+        c,
+        "pair2-worker-0",
+        "x",
+        "curl -sS --max-time 60 -o /dev/null http://y:8000/blob",
+    );
+    c.wait_for(
+        "the transfer's losses in the counters",
+        Duration::from_secs(10),
+        || loss_drops() > 0,
+    );
+    println!(
+        "pair2 re-created beside packed6: handshake {:.1} ms at 1 ms per direction, {:.1} ms at 9 ms; {} packets lost on purpose",
+        first * 1e3,
+        again * 1e3,
+        loss_drops()
+    );
+    assert!(first < 0.008, "1 ms each way, yet {:.1} ms", first * 1e3);
+    assert!(
+        again > 0.017,
+        "the re-created link must run 9 ms each way, yet the handshake took {:.1} ms",
+        again * 1e3
+    );
+    c.ok(&["delete", "topology", "pair2", "--timeout=120s"]);
 }

@@ -387,7 +387,10 @@ fn cpu_limits_keep_busy_nodes_off_a_links_bandwidth() {
         let mut busy = Vec::new();
         for node in BUSY {
             for _ in 0..LOOPS {
-                busy.push((node, env.spawn_in(node, &["python3", "-c", "while True: pass"])));
+                busy.push((
+                    node,
+                    env.spawn_in(node, &["python3", "-c", "while True: pass"]),
+                ));
             }
         }
         std::thread::sleep(Duration::from_secs(1));

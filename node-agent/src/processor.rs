@@ -126,12 +126,7 @@ impl Processors {
 
 /// [`process`], counted for processor `index`.
 async fn process_counted(index: usize, packet: Packet, outputs: &Outputs) -> bool {
-    if let Some(count) = outputs
-        .counters
-        .processed
-        .get()
-        .and_then(|c| c.get(index))
-    {
+    if let Some(count) = outputs.counters.processed.get().and_then(|c| c.get(index)) {
         count.fetch_add(1, Relaxed);
     }
     process(packet, outputs).await

@@ -358,7 +358,9 @@ async fn link_params_round_trip_and_an_update_in_place_is_a_new_generation() {
     let fault = &loaded.faults[0];
     assert_eq!(fault.subject, "links core params_forward");
     assert!(
-        fault.problem.starts_with("params_forward: unknown key rate"),
+        fault
+            .problem
+            .starts_with("params_forward: unknown key rate"),
         "{}",
         fault.problem
     );
