@@ -879,11 +879,12 @@ fn faulty_rows_show_on_the_topology(c: &Cluster) {
 fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
     let pair = |params: &str| {
         format!(
-            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: pair2}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  linkDefaults: {{{params}}}\n  nodes: [{{name: x}}, {{name: y}}]\n  links: [{{endpoints: [x, y]}}]\n",
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: pair2}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  linkDefaults: {{{params}}}\n  nodes: [{{name: p}}, {{name: q}}]\n  links: [{{endpoints: [p, q]}}]\n",
             worker_image()
         )
     };
-    // The TCP handshake's time from x to a web server in y: one round trip.
+    // The TCP handshake's time from p to a web server in q: one round trip.
+    // (Not x and y: YAML 1.1 reads a bare y as true.)
     let connect_secs = || -> f64 {
         c.ok(&[
             "exec",
@@ -891,16 +892,16 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
             "--",
             "sh",
             "-c",
-            "mkdir -p /tmp/www && head -c 2000000 /dev/urandom > /tmp/www/blob && setsid nextmini exec y -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
+            "mkdir -p /tmp/www && head -c 2000000 /dev/urandom > /tmp/www/blob && setsid nextmini exec q -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
         ]);
-        c.wait_for("the web server in y", Duration::from_secs(30), || {
+        c.wait_for("the web server in q", Duration::from_secs(30), || {
             c.kubectl(&[
                 "exec",
                 "pair2-worker-0",
                 "--",
                 "nextmini",
                 "exec",
-                "x",
+                "p",
                 "--",
                 "curl",
                 "-sS",
@@ -908,7 +909,7 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
                 "5",
                 "-o",
                 "/dev/null",
-                "http://y:8000/",
+                "http://q:8000/",
             ])
             .status
             .success()
@@ -918,8 +919,8 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
                 in_node(
                     c,
                     "pair2-worker-0",
-                    "x",
-                    "curl -sS --max-time 10 -o /dev/null -w '%{time_connect}' http://y:8000/",
+                    "p",
+                    "curl -sS --max-time 10 -o /dev/null -w '%{time_connect}' http://q:8000/",
                 )
                 .parse()
                 .expect("a connect time")
@@ -952,8 +953,8 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
     in_node(
         c,
         "pair2-worker-0",
-        "x",
-        "curl -sS --max-time 60 -o /dev/null http://y:8000/blob",
+        "p",
+        "curl -sS --max-time 60 -o /dev/null http://q:8000/blob",
     );
     c.wait_for(
         "the transfer's losses in the counters",

@@ -1,10 +1,12 @@
 //! Links behave as configured (the fidelity suite): rate, delay, loss, RED and
 //! ECN measured with real kernel TCP/UDP through TUN (iperf3, ping); parameters
 //! changed live without dropping connections; QUIC links; a link keeps its rate
-//! while other nodes burn CPU. Figures are printed for BENCHMARKS.md.
+//! while other nodes burn CPU; jitter, reorder, duplicate, corrupt and WRR/DRR
+//! shares measured on UDP probes. Figures are printed for BENCHMARKS.md.
 
 use nextmini_e2e::{
-    Env, all_acked, iperf3, link_counter, ping_avg_ms, sha256_file, tcp_goodput, tcp_payload_ratio,
+    Env, all_acked, iperf3, link_counter, ping_avg_ms, repo_path, sha256_file, tcp_goodput,
+    tcp_payload_ratio,
 };
 use std::time::{Duration, Instant};
 
@@ -500,4 +502,200 @@ fn node_group_is_limited(env: &Env, node: &str, busy: &[(&str, u32)]) {
         ooms(&memory_dir) > before,
         "the node's memory group recorded no limit hit"
     );
+}
+
+/// What the UDP probe (support/udp_probe.py) saw on one port.
+struct Probe {
+    received: u64,
+    distinct: u64,
+    bytes: u64,
+    delays_ms: Vec<f64>,
+}
+
+/// Sends `count` datagrams per port from a to b, one round every
+/// `interval_ms`, and returns what b received on each port.
+fn probe(env: &mut Env, count: u32, interval_ms: f64, ports: &[u16]) -> Vec<Probe> {
+    static RUN: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let script = repo_path("e2e/tests/support/udp_probe.py");
+    let script = script.to_str().expect("path");
+    let run = RUN.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let out = env.state_dir.join(format!("probe-{run}.json"));
+    let out_arg = out.to_str().expect("path").to_string();
+    let ports: Vec<String> = ports.iter().map(u16::to_string).collect();
+    let mut receiver = vec!["python3", script, "receive", &out_arg, "2"];
+    receiver.extend(ports.iter().map(String::as_str));
+    env.spawn_in("b", &receiver);
+    let first = format!(":{} ", ports[0]);
+    env.wait_for("the probe receiver", Duration::from_secs(10), || {
+        String::from_utf8_lossy(&env.exec("b", &["ss", "-lun"]).stdout).contains(&first)
+    });
+    let (count, interval) = (count.to_string(), interval_ms.to_string());
+    let mut sender = vec!["python3", script, "send", "b", &count, &interval];
+    sender.extend(ports.iter().map(String::as_str));
+    let sent = env.exec("a", &sender);
+    assert!(sent.status.success(), "probe sender: {sent:?}");
+    env.wait_for("the probe's report", Duration::from_secs(20), || {
+        out.exists()
+    });
+    std::thread::sleep(Duration::from_millis(100)); // written whole before it is read
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).expect("report")).expect("json");
+    ports
+        .iter()
+        .map(|p| {
+            let r = &report[p.as_str()];
+            Probe {
+                received: r["received"].as_u64().unwrap_or(0),
+                distinct: r["distinct"].as_u64().unwrap_or(0),
+                bytes: r["bytes"].as_u64().unwrap_or(0),
+                delays_ms: r["delays_ms"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
+}
+
+fn mean_std(xs: &[f64]) -> (f64, f64) {
+    let n = xs.len() as f64;
+    let mean = xs.iter().sum::<f64>() / n;
+    let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    (mean, var.sqrt())
+}
+
+/// Checksum failures the kernel of `node` counted (IP headers and UDP).
+fn checksum_errors(env: &Env, node: &str) -> u64 {
+    let snmp =
+        String::from_utf8_lossy(&env.exec(node, &["cat", "/proc/net/snmp"]).stdout).into_owned();
+    let field = |proto: &str, name: &str| -> u64 {
+        let mut lines = snmp.lines().filter(|l| l.starts_with(&format!("{proto}:")));
+        let (Some(names), Some(values)) = (lines.next(), lines.next()) else {
+            return 0;
+        };
+        names
+            .split_whitespace()
+            .zip(values.split_whitespace())
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| v.parse().ok())
+            .unwrap_or(0)
+    };
+    field("Ip", "InHdrErrors") + field("Udp", "InCsumErrors")
+}
+
+/// The impairments and schedulers beside rate, delay and loss, measured on live
+/// UDP traffic through two agents: the one-way delay distribution under jitter,
+/// the share of reordered, duplicated and corrupted datagrams, and the split
+/// of a congested link between two classes under WRR and DRR.
+#[test]
+fn impairments_and_schedulers_match_their_configuration() {
+    let mut env = Env::new("impair");
+    let mut table = vec![
+        "| what | configured | measured |".to_string(),
+        "|---|---|---|".to_string(),
+    ];
+    apply(
+        &env,
+        "imp",
+        &manifest("imp", &[("a", ""), ("b", "")], &[("a-b", "a", "b", "")]),
+    );
+    let base = mean_std(&probe(&mut env, 200, 5.0, &[9000])[0].delays_ms).0;
+    table.push(format!("| one-way delay, unimpaired | - | {base:.3} ms |"));
+
+    let link = |extra: &str| manifest("imp", &[("a", ""), ("b", "")], &[("a-b", "a", "b", extra)]);
+    // Jitter: 20 ms ± 5 ms, sparse enough that FIFO release never reorders.
+    for (dist, sigma) in [("uniform", 5.0 / 3f64.sqrt()), ("normal", 5.0 * 0.986)] {
+        apply(
+            &env,
+            "imp",
+            &link(&format!(
+                "delay: 20ms\njitter: 5ms\njitterDistribution: {dist}\n"
+            )),
+        );
+        let p = &probe(&mut env, 400, 10.0, &[9000])[0];
+        let (mean, std) = mean_std(&p.delays_ms);
+        let lo = p.delays_ms.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = p.delays_ms.iter().copied().fold(0.0, f64::max);
+        table.push(format!(
+            "| jitter 5 ms {dist} on 20 ms (one-way mean, σ, range) | 20 ms, σ {sigma:.2} ms | {:.2} ms, σ {std:.2} ms, {lo:.1}–{hi:.1} ms |",
+            mean - base
+        ));
+        assert_eq!(p.distinct, 400, "{dist}: datagrams lost");
+        assert!(
+            (mean - base - 20.0).abs() <= 0.5,
+            "{dist}: mean {mean:.2} ms"
+        );
+        assert!(
+            (std - sigma).abs() <= 0.15 * sigma,
+            "{dist}: σ {std:.2} ms, configured {sigma:.2}"
+        );
+        let reach = if dist == "uniform" { 5.0 } else { 15.0 };
+        assert!(
+            lo >= 20.0 - reach - 0.2 && hi <= 20.0 + reach + base + 1.0,
+            "{dist}: {lo:.2}–{hi:.2} ms"
+        );
+    }
+    // Reorder: 10% of datagrams skip the 10 ms delay (netem's rule).
+    apply(&env, "imp", &link("delay: 10ms\nreorder: 10%\n"));
+    let p = &probe(&mut env, 2000, 2.0, &[9000])[0];
+    let early = p.delays_ms.iter().filter(|d| **d < 5.0).count() as f64 / 2000.0;
+    table.push(format!(
+        "| reorder 10% (datagrams that skipped the delay) | 10% | {:.2}% |",
+        early * 100.0
+    ));
+    assert_eq!(p.distinct, 2000, "reorder: datagrams lost");
+    assert!(
+        (early - 0.10).abs() <= 0.02,
+        "reorder: {:.2}%",
+        early * 100.0
+    );
+    // Duplicate and corrupt: shares of 2,000 datagrams.
+    apply(&env, "imp", &link("duplicate: 5%\n"));
+    let p = &probe(&mut env, 2000, 1.0, &[9000])[0];
+    let dup = (p.received - p.distinct) as f64 / 2000.0;
+    table.push(format!("| duplicate 5% | 5% | {:.2}% |", dup * 100.0));
+    assert_eq!(p.distinct, 2000, "duplicate: datagrams lost");
+    assert!(
+        (dup - 0.05).abs() <= 0.015,
+        "duplicate: {:.2}%",
+        dup * 100.0
+    );
+    apply(&env, "imp", &link("corrupt: 5%\n"));
+    let errors_before = checksum_errors(&env, "b");
+    let p = &probe(&mut env, 2000, 1.0, &[9000])[0];
+    let missing = 2000 - p.distinct;
+    let errors = checksum_errors(&env, "b") - errors_before;
+    table.push(format!(
+        "| corrupt 5% (datagrams the receiver's kernel dropped; its checksum errors) | 5% | {:.2}% ({errors} checksum errors) |",
+        missing as f64 / 20.0
+    ));
+    assert!(
+        (missing as f64 / 2000.0 - 0.05).abs() <= 0.015,
+        "corrupt: {missing} of 2000 missing"
+    );
+    assert!(
+        errors * 10 >= missing * 8,
+        "corrupt: {missing} missing, {errors} checksum errors"
+    );
+    // WRR and DRR: two classes, each offering about the link's rate; 3:1.
+    for (name, scheduler) in [
+        ("wrr weights [3, 1]", "wrr: {weights: [3, 1]}"),
+        ("drr quantum [3000, 1000]", "drr: {quantum: [3000, 1000]}"),
+    ] {
+        apply(
+            &env,
+            "imp",
+            &link(&format!(
+                "rate: 8Mbit\nqueue:\n  limit: 100pkt\nscheduler: {{{scheduler}}}\nclasses:\n  - {{queue: 0, dstPort: 9001}}\n"
+            )),
+        );
+        let p = probe(&mut env, 3000, 1.0, &[9001, 9002]);
+        let share = p[0].bytes as f64 / p[1].bytes.max(1) as f64;
+        let mbit = (p[0].bytes + p[1].bytes) as f64 * 8.0 / 3.0 / 1e6;
+        table.push(format!(
+            "| {name}, 8 Mbit/s, both classes backlogged (bytes class 0 : class 1) | 3 : 1 | {share:.2} : 1 ({mbit:.2} Mbit/s of UDP payload) |"
+        ));
+        assert!((share - 3.0).abs() <= 0.3, "{name}: {share:.2} : 1");
+    }
+    println!("{}", table.join("\n"));
 }
