@@ -509,6 +509,7 @@ struct Probe {
     received: u64,
     distinct: u64,
     bytes: u64,
+    seqs: Vec<u64>,
     delays_ms: Vec<f64>,
 }
 
@@ -548,6 +549,10 @@ fn probe(env: &mut Env, count: u32, interval_ms: f64, ports: &[u16]) -> Vec<Prob
                 received: r["received"].as_u64().unwrap_or(0),
                 distinct: r["distinct"].as_u64().unwrap_or(0),
                 bytes: r["bytes"].as_u64().unwrap_or(0),
+                seqs: r["seqs"]
+                    .as_array()
+                    .map(|a| a.iter().filter_map(|v| v.as_u64()).collect())
+                    .unwrap_or_default(),
                 delays_ms: r["delays_ms"]
                     .as_array()
                     .map(|a| a.iter().filter_map(|v| v.as_f64()).collect())
@@ -614,10 +619,14 @@ fn impairments_and_schedulers_match_their_configuration() {
         );
         let p = &probe(&mut env, 400, 10.0, &[9000])[0];
         let (mean, std) = mean_std(&p.delays_ms);
+        // Nothing can arrive early; lateness beyond the jitter's reach is the
+        // receiving host's scheduling, so the top is read at the 99th percentile.
         let lo = p.delays_ms.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = p.delays_ms.iter().copied().fold(0.0, f64::max);
+        let mut sorted = p.delays_ms.clone();
+        sorted.sort_by(f64::total_cmp);
+        let hi = sorted[sorted.len() * 99 / 100];
         table.push(format!(
-            "| jitter 5 ms {dist} on 20 ms (one-way mean, σ, range) | 20 ms, σ {sigma:.2} ms | {:.2} ms, σ {std:.2} ms, {lo:.1}–{hi:.1} ms |",
+            "| jitter 5 ms {dist} on 20 ms (one-way mean, σ, min–p99) | 20 ms, σ {sigma:.2} ms | {:.2} ms, σ {std:.2} ms, {lo:.1}–{hi:.1} ms |",
             mean - base
         ));
         assert_eq!(p.distinct, 400, "{dist}: datagrams lost");
@@ -690,12 +699,16 @@ fn impairments_and_schedulers_match_their_configuration() {
             )),
         );
         let p = probe(&mut env, 3000, 1.0, &[9001, 9002]);
-        let share = p[0].bytes as f64 / p[1].bytes.max(1) as f64;
+        // Datagrams sent in the middle second: both queues are full at its start
+        // and its end, so what each class got in is what it was served (the
+        // first second adds each queue's fill, the last the drained tail).
+        let steady = |q: &Probe| q.seqs.iter().filter(|s| (1000..2000).contains(*s)).count() as f64;
+        let share = steady(&p[0]) / steady(&p[1]).max(1.0);
         let mbit = (p[0].bytes + p[1].bytes) as f64 * 8.0 / 3.0 / 1e6;
         table.push(format!(
-            "| {name}, 8 Mbit/s, both classes backlogged (bytes class 0 : class 1) | 3 : 1 | {share:.2} : 1 ({mbit:.2} Mbit/s of UDP payload) |"
+            "| {name}, 8 Mbit/s, both classes backlogged (datagrams class 0 : class 1) | 3 : 1 | {share:.2} : 1 ({mbit:.2} Mbit/s of UDP payload) |"
         ));
-        assert!((share - 3.0).abs() <= 0.3, "{name}: {share:.2} : 1");
+        assert!((share - 3.0).abs() <= 0.25, "{name}: {share:.2} : 1");
     }
     println!("{}", table.join("\n"));
 }

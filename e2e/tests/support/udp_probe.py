@@ -9,8 +9,8 @@ round every INTERVAL_MS. Each datagram carries its sequence number and the
 CLOCK_MONOTONIC time it was sent (the namespaces share the clock), padded to
 1000 bytes. The receiver listens on the ports until nothing arrives for IDLE_S
 seconds after the first datagram, then writes per port: datagrams received,
-distinct sequence numbers, the one-way delay of each first copy (ms, in
-sequence order) and the bytes received.
+distinct sequence numbers, those numbers, the one-way delay of each first copy
+(ms, in sequence order) and the bytes received.
 """
 
 from __future__ import annotations
@@ -69,6 +69,7 @@ def receive(out: str, idle_s: float, ports: list[int]) -> None:
             "received": s["received"],
             "distinct": len(s["delays"]),
             "bytes": s["bytes"],
+            "seqs": sorted(s["delays"]),
             "delays_ms": [s["delays"][k] for k in sorted(s["delays"])],
         }
         for p, s in stats.items()
