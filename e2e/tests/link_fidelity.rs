@@ -630,8 +630,10 @@ fn impairments_and_schedulers_match_their_configuration() {
             mean - base
         ));
         assert_eq!(p.distinct, 400, "{dist}: datagrams lost");
+        // The receiver is a Python process: on a busy host it reads late by a
+        // fraction of a millisecond, so the mean gets 1 ms of room.
         assert!(
-            (mean - base - 20.0).abs() <= 0.5,
+            (mean - base - 20.0).abs() <= 1.0,
             "{dist}: mean {mean:.2} ms"
         );
         assert!(
