@@ -33,7 +33,7 @@ LABEL org.opencontainers.image.title="nextmini" \
 # nextmini exec <node> -- curl …`); they need the tools in the pod's image.
 FROM nextmini AS worker
 RUN apt-get update \
- && apt-get install -y --no-install-recommends curl python3 iperf3 \
+ && apt-get install -y --no-install-recommends curl iputils-ping python3 iperf3 \
  && rm -rf /var/lib/apt/lists/*
 
 # The default target stays the Nextmini image.

@@ -6,7 +6,7 @@
 #                                     busybox sh and applets, CA certificates
 #   docker.io/nextmini/postgres:dev   Debian's PostgreSQL 15, entrypoint like the
 #                                     official image's basics, runs as uid 999
-#   docker.io/nextmini/tools:dev      curl, python3 (stdlib), ip, busybox
+#   docker.io/nextmini/tools:dev      curl, python3 (stdlib), ip, ping (iputils), busybox
 #   docker.io/nextmini/worker:dev     the nextmini image plus curl and python3: a
 #                                     packed topology's workerImage, so tests run
 #                                     applications inside packed nodes
@@ -32,7 +32,7 @@ for a in "$@"; do
 done
 ((${#WANT[@]})) || WANT=(pause nextmini postgres tools worker)
 
-ensure_packages busybox-static ca-certificates curl python3.11 postgresql-15 postgresql-client-15 iproute2 binutils tzdata
+ensure_packages busybox-static ca-certificates curl iputils-ping python3.11 postgresql-15 postgresql-client-15 iproute2 binutils tzdata
 mkdir -p "$OUT_DIR"
 WORK=$(mktemp -d /tmp/nextmini-images.XXXXXX)
 trap 'rm -rf "$WORK"' EXIT
@@ -80,7 +80,7 @@ nextmini_into() {
   done
   ((${#found[@]})) || die "no nextmini binaries in $BIN_DIR (cargo build --release --bins, or set NEXTMINI_BIN_DIR)"
   log "$ref: ${found[*]} from $BIN_DIR"
-  busybox_into "$st" ip
+  busybox_into "$st" ip ping
   certs_into "$st"
 }
 
@@ -128,12 +128,13 @@ image_tools() {
   local py=/usr/bin/python3.11
   [[ -x $py ]] || die "$py is missing (apt-get install python3.11)"
   mkdir -p "$st/usr/bin" "$st/etc"
-  busybox_into "$st" ip
+  busybox_into "$st" ip ping
   ln -s python3.11 "$st/usr/bin/python3"
   ln -s python3.11 "$st/usr/bin/python"
   certs_into "$st"
   "$HERE/image.sh" --ref "$ref" --out "$out" --dir "$st:/" \
     --file "$py:$py" --file /usr/bin/curl:/usr/bin/curl --file /usr/sbin/ip:/usr/sbin/ip \
+    --file /usr/bin/ping:/usr/bin/ping \
     --dir /usr/lib/python3.11:/usr/lib/python3.11 \
     --exclude './test' --exclude './idlelib' --exclude './tkinter' --exclude './turtledemo' \
     --exclude './ensurepip' --exclude './lib2to3' --exclude '__pycache__' --exclude './config-3.11-x86_64-linux-gnu' \
@@ -150,6 +151,7 @@ image_worker() {
   ln -s python3.11 "$st/usr/bin/python3"
   "$HERE/image.sh" --ref "$ref" --out "$out" --dir "$st:/" \
     --file /usr/sbin/ip:/usr/sbin/ip --file "$py:$py" --file /usr/bin/curl:/usr/bin/curl \
+    --file /usr/bin/ping:/usr/bin/ping \
     --dir /usr/lib/python3.11:/usr/lib/python3.11 \
     --exclude './test' --exclude './idlelib' --exclude './tkinter' --exclude './turtledemo' \
     --exclude './ensurepip' --exclude './lib2to3' --exclude '__pycache__' --exclude './config-3.11-x86_64-linux-gnu' \

@@ -223,6 +223,25 @@ fn operator_runs_line3_on_a_real_cluster() {
         .status
         .success()
     });
+    // ping through b. The debug container may hold CAP_NET_RAW, so the check
+    // that tells is an ICMP echo socket, which the kernel grants only to groups
+    // in the pod's net.ipv4.ping_group_range (by default, none at all).
+    let icmp = sh(
+        &c,
+        "line3-a",
+        "client",
+        "python3 -c \"import socket; socket.socket(socket.AF_INET, socket.SOCK_DGRAM, socket.IPPROTO_ICMP); print('icmp echo socket: yes')\" 2>&1",
+    );
+    assert!(icmp.contains("icmp echo socket: yes"), "{icmp}");
+    let ping = c.kubectl(&[
+        "exec", "line3-a", "-c", "client", "--", "ping", "-c", "3", "-W", "3", "c",
+    ]);
+    assert!(
+        ping.status.success(),
+        "ping in a pod-per-node node: {}{}",
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
     let before: i64 = b_received(&c);
     let (sha, speed) = fetch(&c, "http://c:8000/big");
     assert_eq!(sha, expected, "the file arrived intact");
@@ -648,6 +667,10 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         Duration::from_secs(10),
         || (c_received(c) - before) as u64 >= 20 * MIB,
     );
+
+    // ping inside packed nodes, across the two workers, without privileges.
+    let ping = in_node(c, "packed6-worker-0", "a", "ping -c 3 -W 3 f 2>&1");
+    assert!(ping.contains(" 0% packet loss"), "ping a -> f: {ping}");
 
     recreated_topology_runs_its_new_parameters(c);
 

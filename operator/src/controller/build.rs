@@ -12,8 +12,8 @@ use crate::runtime::{packed, pods};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostAlias, HostPathVolumeSource,
-    KeyToPath, Pod, PodSpec, ResourceRequirements, SecretVolumeSource, SecurityContext, Service,
-    ServicePort, ServiceSpec, Volume, VolumeMount,
+    KeyToPath, Pod, PodSecurityContext, PodSpec, ResourceRequirements, SecretVolumeSource,
+    SecurityContext, Service, ServicePort, ServiceSpec, Sysctl, Volume, VolumeMount,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -228,6 +228,14 @@ fn agent_pod(
                 .map(|(key, path)| (key, path.to_string())),
             ),
         ]),
+        // ping without CAP_NET_RAW (a safe sysctl: namespaced, allowed by default).
+        security_context: Some(PodSecurityContext {
+            sysctls: Some(vec![Sysctl {
+                name: "net.ipv4.ping_group_range".into(),
+                value: crate::runtime::netlink::PING_GROUP_RANGE.into(),
+            }]),
+            ..PodSecurityContext::default()
+        }),
         restart_policy: Some("Always".into()),
         termination_grace_period_seconds: Some(5),
         enable_service_links: Some(false),
@@ -573,6 +581,22 @@ mod tests {
         );
         let aliases = spec.host_aliases.as_ref().expect("aliases");
         assert_eq!(aliases.len(), 3, "every node name resolves in every pod");
+    }
+
+    #[test]
+    fn node_pods_let_their_users_ping_without_raw_sockets() {
+        let (_, pods) = built(SHAPED);
+        for pod in &pods {
+            let sysctls = pod
+                .spec
+                .as_ref()
+                .and_then(|s| s.security_context.as_ref())
+                .and_then(|c| c.sysctls.as_ref())
+                .expect("sysctls");
+            assert_eq!(sysctls.len(), 1);
+            assert_eq!(sysctls[0].name, "net.ipv4.ping_group_range");
+            assert_eq!(sysctls[0].value, "0 2147483647");
+        }
     }
 
     #[test]

@@ -60,6 +60,7 @@ pub fn create_netns(name: &str) -> Result<(), RuntimeError> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
         // /proc/sys/net is the calling thread's namespace: this one's now.
         disable_ipv6("default");
+        allow_ping_sockets();
         mount(
             Some("/proc/thread-self/ns/net"),
             &target,
@@ -96,6 +97,20 @@ pub fn disable_ipv6(interface: &str) {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         tracing::debug!(%path, error = %e, "cannot turn IPv6 off");
+    }
+}
+
+/// The range of group ids that may open ICMP echo sockets in a namespace.
+pub const PING_GROUP_RANGE: &str = "0 2147483647";
+
+/// Lets every process in the calling thread's namespace ping without raw
+/// sockets (`net.ipv4.ping_group_range`): in a worker pod that drops
+/// CAP_NET_RAW, `nextmini exec <node> -- ping` otherwise fails with
+/// "permission denied (are you root?)".
+pub fn allow_ping_sockets() {
+    let path = "/proc/sys/net/ipv4/ping_group_range";
+    if let Err(e) = std::fs::write(path, PING_GROUP_RANGE) {
+        tracing::debug!(%path, error = %e, "cannot allow ICMP echo sockets");
     }
 }
 
