@@ -668,8 +668,24 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         || (c_received(c) - before) as u64 >= 20 * MIB,
     );
 
-    // ping inside packed nodes, across the two workers, without privileges.
-    let ping = in_node(c, "packed6-worker-0", "a", "ping -c 3 -W 3 f 2>&1");
+    // ping inside packed nodes, across the two workers, without privileges
+    // (the worker drops CAP_NET_RAW). Not through `sh -c`: the image's busybox
+    // shell runs its own ping applet, which knows no ICMP echo sockets.
+    let ping = c.ok(&[
+        "exec",
+        "packed6-worker-0",
+        "--",
+        "nextmini",
+        "exec",
+        "a",
+        "--",
+        "ping",
+        "-c",
+        "3",
+        "-W",
+        "3",
+        "f",
+    ]);
     assert!(ping.contains(" 0% packet loss"), "ping a -> f: {ping}");
 
     recreated_topology_runs_its_new_parameters(c);
