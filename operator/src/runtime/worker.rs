@@ -72,6 +72,28 @@ impl WorkerConfig {
 
 /// Runs the worker until `shutdown` resolves, then cleans up. Fails only when
 /// a node cannot be set up at all (the pod then restarts and says why).
+/// Container runtimes mount /proc/sys read-only, so the settings each node's
+/// namespace gets when it is made (`netlink::create_netns`: IPv6 off, ICMP echo
+/// sockets allowed) would not take. The worker holds CAP_SYS_ADMIN already (it
+/// makes namespaces and cgroups); remounting that one bind mount read-write
+/// grants nothing the capability does not.
+fn make_proc_sys_writable() -> Result<(), RuntimeError> {
+    use nix::mount::{MsFlags, mount};
+    use nix::sys::statvfs::{FsFlags, statvfs};
+    let dir = std::path::Path::new("/proc/sys");
+    let read_only = statvfs(dir).is_ok_and(|s| s.flags().contains(FsFlags::ST_RDONLY));
+    if !read_only {
+        return Ok(());
+    }
+    let flags = MsFlags::MS_REMOUNT
+        | MsFlags::MS_BIND
+        | MsFlags::MS_NOSUID
+        | MsFlags::MS_NODEV
+        | MsFlags::MS_NOEXEC;
+    mount(None::<&str>, dir, None::<&str>, flags, None::<&str>)
+        .map_err(|e| RuntimeError::io("remounting /proc/sys writable", e.into()))
+}
+
 pub async fn run(
     config: WorkerConfig,
     shutdown: impl std::future::Future<Output = ()>,
@@ -102,6 +124,9 @@ pub async fn run(
     // A restarted container finds the files of its predecessor's namespaces
     // (their mounts went with its mount namespace).
     remove_namespaces(&config).await;
+    if let Err(e) = make_proc_sys_writable() {
+        tracing::warn!(error = %e, "nodes keep the kernel's defaults (IPv6 on, ping needing CAP_NET_RAW)");
+    }
     let limits = config
         .nodes
         .iter()
