@@ -484,6 +484,31 @@ fn packed6(image: &str) -> String {
     )
 }
 
+/// `args` run inside `node`, which runs in `worker`, without a shell.
+fn node_command(c: &Cluster, worker: &str, node: &str, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["exec", worker, "--", "nextmini", "exec", node, "--"];
+    all.extend_from_slice(args);
+    c.kubectl(&all)
+}
+
+/// Waits until `node` (in `worker`) gets an answer from the web server at `url`.
+fn wait_for_web(c: &Cluster, worker: &str, node: &str, url: &str) {
+    c.wait_for(
+        &format!("the web server at {url}"),
+        Duration::from_secs(30),
+        || {
+            node_command(
+                c,
+                worker,
+                node,
+                &["curl", "-sS", "--max-time", "5", "-o", "/dev/null", url],
+            )
+            .status
+            .success()
+        },
+    );
+}
+
 /// `sh -c script` inside `node`, which runs in `worker`; its stdout.
 fn in_node(c: &Cluster, worker: &str, node: &str, script: &str) -> String {
     c.ok(&[
@@ -621,26 +646,7 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         "-c",
         "setsid nextmini exec f -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
     ]);
-    c.wait_for("the web server in f", Duration::from_secs(30), || {
-        c.kubectl(&[
-            "exec",
-            "packed6-worker-0",
-            "--",
-            "nextmini",
-            "exec",
-            "a",
-            "--",
-            "curl",
-            "-sS",
-            "--max-time",
-            "5",
-            "-o",
-            "/dev/null",
-            "http://f:8000/",
-        ])
-        .status
-        .success()
-    });
+    wait_for_web(c, "packed6-worker-0", "a", "http://f:8000/");
     let before = c_received(c);
     let out = in_node(
         c,
@@ -671,22 +677,21 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
     // ping inside packed nodes, across the two workers, without privileges
     // (the worker drops CAP_NET_RAW). Not through `sh -c`: the image's busybox
     // shell runs its own ping applet, which knows no ICMP echo sockets.
-    let ping = c.ok(&[
-        "exec",
+    let ping = node_command(
+        c,
         "packed6-worker-0",
-        "--",
-        "nextmini",
-        "exec",
         "a",
-        "--",
-        "ping",
-        "-c",
-        "3",
-        "-W",
-        "3",
-        "f",
-    ]);
-    assert!(ping.contains(" 0% packet loss"), "ping a -> f: {ping}");
+        &["ping", "-c", "3", "-W", "3", "f"],
+    );
+    let shown = format!(
+        "{}{}",
+        String::from_utf8_lossy(&ping.stdout),
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    assert!(
+        ping.status.success() && shown.contains(" 0% packet loss"),
+        "ping a -> f: {shown}"
+    );
 
     recreated_topology_runs_its_new_parameters(c);
 
@@ -933,26 +938,7 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
             "-c",
             "mkdir -p /tmp/www && head -c 2000000 /dev/urandom > /tmp/www/blob && setsid nextmini exec q -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
         ]);
-        c.wait_for("the web server in q", Duration::from_secs(30), || {
-            c.kubectl(&[
-                "exec",
-                "pair2-worker-0",
-                "--",
-                "nextmini",
-                "exec",
-                "p",
-                "--",
-                "curl",
-                "-sS",
-                "--max-time",
-                "5",
-                "-o",
-                "/dev/null",
-                "http://q:8000/",
-            ])
-            .status
-            .success()
-        });
+        wait_for_web(c, "pair2-worker-0", "p", "http://q:8000/");
         let times: Vec<f64> = (0..5)
             .map(|_| {
                 in_node(

@@ -379,10 +379,31 @@ BEGIN
 END;
 $$;
 
+-- The first of `columns` whose value differs between two versions of a row
+-- (as to_jsonb gives them), or NULL: what a structural guard refuses.
+CREATE FUNCTION nextmini_changed_column(old jsonb, new jsonb, columns text[]) RETURNS text
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT c FROM unnest(columns) WITH ORDINALITY AS u(c, o)
+    WHERE old -> c IS DISTINCT FROM new -> c
+    ORDER BY o LIMIT 1
+$$;
+
+-- Refuses a change of a link direction's parameters that breaks the rules.
+CREATE FUNCTION nextmini_check_link_params(link text, topology BIGINT, params jsonb, path text)
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    p text := nextmini_link_params_problem(topology, params, path);
+BEGIN
+    IF p IS NOT NULL THEN
+        PERFORM nextmini_refuse(format('links %s: %s', link, p), NULL);
+    END IF;
+END;
+$$;
+
 CREATE FUNCTION nextmini_check_link() RETURNS trigger
 LANGUAGE plpgsql AS $$
 DECLARE
-    p text;
+    col text;
 BEGIN
     IF nextmini_is_operator() THEN
         RETURN COALESCE(NEW, OLD);
@@ -394,32 +415,22 @@ BEGIN
         PERFORM nextmini_refuse(format('links %s: a link is removed in the topology''s YAML, not by DELETE', OLD.name),
             'to take a link down live, set its loss_ppm to 1000000; to remove it, edit the Topology and apply it again');
     END IF;
-    IF NEW.topology_id <> OLD.topology_id THEN
-        PERFORM nextmini_refuse(format('links %s: column topology_id may not change', OLD.name), NULL);
-    END IF;
-    IF NEW.name <> OLD.name THEN
-        PERFORM nextmini_refuse(format('links %s: column name may not change live (it names the link on every agent)', OLD.name),
-            'rename it in the YAML and apply it again');
-    END IF;
-    IF NEW.dialer <> OLD.dialer OR NEW.acceptor <> OLD.acceptor THEN
-        PERFORM nextmini_refuse(format('links %s: column %s may not change live (a link''s endpoints are the topology''s structure; routes depend on them)',
-                OLD.name, CASE WHEN NEW.dialer <> OLD.dialer THEN 'dialer' ELSE 'acceptor' END),
-            'change the link''s endpoints in the YAML and apply it again');
+    col := nextmini_changed_column(to_jsonb(OLD), to_jsonb(NEW),
+        ARRAY['topology_id', 'name', 'dialer', 'acceptor']);
+    IF col IS NOT NULL THEN
+        PERFORM nextmini_refuse(format('links %s: column %s may not change live (a link''s name and endpoints are the topology''s structure: agents and routes know the link by them)', OLD.name, col),
+            'change the link in the YAML and apply it again');
     END IF;
     IF NEW.transport NOT IN ('tcp', 'quic') THEN
         PERFORM nextmini_refuse(format('links %s: column transport must be tcp or quic, got %L', OLD.name, NEW.transport), NULL);
     END IF;
+    -- Only a direction that changes is checked, so a script can repair one
+    -- direction of a row whose other one went bad behind the checks.
     IF NEW.params_forward IS DISTINCT FROM OLD.params_forward THEN
-        p := nextmini_link_params_problem(NEW.topology_id, NEW.params_forward, 'params_forward');
-        IF p IS NOT NULL THEN
-            PERFORM nextmini_refuse(format('links %s: %s', OLD.name, p), NULL);
-        END IF;
+        PERFORM nextmini_check_link_params(OLD.name, NEW.topology_id, NEW.params_forward, 'params_forward');
     END IF;
     IF NEW.params_backward IS DISTINCT FROM OLD.params_backward THEN
-        p := nextmini_link_params_problem(NEW.topology_id, NEW.params_backward, 'params_backward');
-        IF p IS NOT NULL THEN
-            PERFORM nextmini_refuse(format('links %s: %s', OLD.name, p), NULL);
-        END IF;
+        PERFORM nextmini_check_link_params(OLD.name, NEW.topology_id, NEW.params_backward, 'params_backward');
     END IF;
     RETURN NEW;
 END;
@@ -447,17 +458,9 @@ BEGIN
         PERFORM nextmini_refuse(format('nodes %s: a node is removed in the topology''s YAML, not by DELETE (its agent would keep running)', OLD.name),
             'remove it from the Topology and apply it again');
     END IF;
-    col := CASE
-        WHEN NEW.topology_id <> OLD.topology_id THEN 'topology_id'
-        WHEN NEW.name <> OLD.name THEN 'name'
-        WHEN NEW.idx <> OLD.idx THEN 'idx'
-        WHEN NEW.overlay_addr <> OLD.overlay_addr THEN 'overlay_addr'
-        WHEN NEW.underlay_addr <> OLD.underlay_addr THEN 'underlay_addr'
-        WHEN NEW.cpu_millis IS DISTINCT FROM OLD.cpu_millis THEN 'cpu_millis'
-        WHEN NEW.memory_bytes IS DISTINCT FROM OLD.memory_bytes THEN 'memory_bytes'
-        WHEN NEW.credential_sha256 <> OLD.credential_sha256 THEN 'credential_sha256'
-        WHEN NEW.socks <> OLD.socks THEN 'socks'
-    END;
+    col := nextmini_changed_column(to_jsonb(OLD), to_jsonb(NEW),
+        ARRAY['topology_id', 'name', 'idx', 'overlay_addr', 'underlay_addr', 'cpu_millis',
+              'memory_bytes', 'credential_sha256', 'socks']);
     IF col IS NOT NULL THEN
         PERFORM nextmini_refuse(format('nodes %s: column %s may not change live (the node''s agent runs with it; a change restarts the node)', OLD.name, col),
             'change the node in the YAML and apply it again');
@@ -505,22 +508,9 @@ BEGIN
     ELSIF TG_OP = 'DELETE' THEN
         PERFORM nextmini_refuse(format('topologies %s: a topology is removed with nextmini down or kubectl delete, not by DELETE (its agents would keep running)', OLD.name), NULL);
     END IF;
-    col := CASE
-        WHEN NEW.id <> OLD.id THEN 'id'
-        WHEN NEW.name <> OLD.name THEN 'name'
-        WHEN NEW.placement <> OLD.placement THEN 'placement'
-        WHEN NEW.runtime <> OLD.runtime THEN 'runtime'
-        WHEN NEW.overlay <> OLD.overlay THEN 'overlay'
-        WHEN NEW.underlay <> OLD.underlay THEN 'underlay'
-        WHEN NEW.processors <> OLD.processors THEN 'processors'
-        WHEN NEW.mapping <> OLD.mapping THEN 'mapping'
-        WHEN NEW.mtu <> OLD.mtu THEN 'mtu'
-        WHEN NEW.ttl_decrement <> OLD.ttl_decrement THEN 'ttl_decrement'
-        WHEN NEW.source <> OLD.source THEN 'source'
-        WHEN NEW.created_at <> OLD.created_at THEN 'created_at'
-        WHEN NEW.link_cert_der IS DISTINCT FROM OLD.link_cert_der THEN 'link_cert_der'
-        WHEN NEW.link_key_der IS DISTINCT FROM OLD.link_key_der THEN 'link_key_der'
-    END;
+    col := nextmini_changed_column(to_jsonb(OLD), to_jsonb(NEW),
+        ARRAY['id', 'name', 'placement', 'runtime', 'overlay', 'underlay', 'processors', 'mapping',
+              'mtu', 'ttl_decrement', 'source', 'created_at', 'link_cert_der', 'link_key_der']);
     IF col IS NOT NULL THEN
         PERFORM nextmini_refuse(format('topologies %s: column %s may not change live (every node runs with it)', OLD.name, col),
             'change it in the YAML and apply it again; the nodes are recreated');

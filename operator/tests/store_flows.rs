@@ -3,25 +3,17 @@
 //! stored once per instance however often an agent reports them. Needs root,
 //! like the rest of local mode (PostgreSQL runs as `postgres`).
 
-use nextmini_operator::plan::{self, FlowAmount, Plan};
+use nextmini_operator::plan::{FlowAmount, Plan};
 use nextmini_operator::store::{ReceivedRow, SentRow, Store, route_name};
 use std::collections::BTreeMap;
 
 #[path = "support/private_db.rs"]
 mod private_db;
-use private_db::start_db;
+use private_db::{hashes, planned, start_db};
 
 fn workloads() -> Plan {
     let text = include_str!("fixtures/workloads.yaml");
-    let manifest = plan::parse_manifest("workloads.yaml", text).expect("parses");
-    plan::plan_manifest(&manifest).expect("plans").remove(0)
-}
-
-fn hashes(plan: &Plan) -> BTreeMap<String, String> {
-    plan.nodes
-        .iter()
-        .map(|n| (n.name.clone(), format!("hash-of-{}", n.name)))
-        .collect()
+    planned("workloads.yaml", text)
 }
 
 fn sent(flow: &str, generation: i64, instance: i32, bytes: i64) -> SentRow {

@@ -4,30 +4,20 @@
 
 use nextmini_operator::plan::{self, Plan};
 use nextmini_operator::store::{CounterRow, Store, TOPOLOGY_CHANNEL};
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 #[path = "support/private_db.rs"]
 mod private_db;
-use private_db::{Db, start_db};
+use private_db::{Db, hashes, planned, start_db};
 
 fn line3() -> Plan {
     let text = include_str!("../../manifests/examples/line3.yaml");
-    let manifest = plan::parse_manifest("line3.yaml", text).expect("parses");
-    plan::plan_manifest(&manifest).expect("plans").remove(0)
+    planned("line3.yaml", text)
 }
 
 fn shaped() -> Plan {
     let text = include_str!("../../manifests/examples/shaped.yaml");
-    let manifest = plan::parse_manifest("shaped.yaml", text).expect("parses");
-    plan::plan_manifest(&manifest).expect("plans").remove(0)
-}
-
-fn hashes(plan: &Plan) -> BTreeMap<String, String> {
-    plan.nodes
-        .iter()
-        .map(|n| (n.name.clone(), format!("hash-of-{}", n.name)))
-        .collect()
+    planned("shaped.yaml", text)
 }
 
 /// A private database with line3 stored in it: the database (kept running

@@ -9,10 +9,10 @@
 #[path = "support/private_db.rs"]
 mod private_db;
 
-use nextmini_operator::plan::{self, LinkParams, Plan};
+use nextmini_operator::plan::{LinkParams, Plan};
 use nextmini_operator::store::Store;
 use nextmini_operator::store::rules::{self, Context};
-use private_db::{Db, start_db};
+use private_db::{Db, hashes, planned, start_db};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde_json::{Value, json};
@@ -33,15 +33,7 @@ spec:
     - {name: x-t, endpoints: [x, t]}
     - {name: y-t, endpoints: [y, t]}
 "#;
-    let manifest = plan::parse_manifest("dia.yaml", text).expect("parses");
-    plan::plan_manifest(&manifest).expect("plans").remove(0)
-}
-
-fn hashes(plan: &Plan) -> BTreeMap<String, String> {
-    plan.nodes
-        .iter()
-        .map(|n| (n.name.clone(), format!("hash-of-{}", n.name)))
-        .collect()
+    planned("dia.yaml", text)
 }
 
 /// A database holding the diamond, the operator's store on it, and a

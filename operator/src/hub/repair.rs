@@ -87,7 +87,6 @@ fn put_back_one(plan: &mut Plan, part: &FaultyPart, old: Option<&Plan>) -> Strin
                 None => "is not run".into(),
             }
         }
-        FaultyPart::Route(_) => "is left out".into(),
     }
 }
 
@@ -95,13 +94,7 @@ fn put_back_one(plan: &mut Plan, part: &FaultyPart, old: Option<&Plan>) -> Strin
 mod tests {
     use super::*;
 
-    fn line3() -> Plan {
-        let text = include_str!("../../../manifests/examples/line3.yaml");
-        let manifest = crate::plan::parse_manifest("line3.yaml", text).expect("parses");
-        crate::plan::plan_manifest(&manifest)
-            .expect("plans")
-            .remove(0)
-    }
+    use crate::plan::fixtures::line3;
 
     fn fault(part: FaultyPart) -> RowFault {
         RowFault {

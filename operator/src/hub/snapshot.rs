@@ -554,13 +554,7 @@ pub fn delta(old: &pb::Snapshot, new: &pb::Snapshot) -> Option<pb::Delta> {
 mod tests {
     use super::*;
 
-    fn line3() -> Plan {
-        let text = include_str!("../../../manifests/examples/line3.yaml");
-        let manifest = crate::plan::parse_manifest("line3.yaml", text).expect("parses");
-        crate::plan::plan_manifest(&manifest)
-            .expect("plans")
-            .remove(0)
-    }
+    use crate::plan::fixtures::line3;
 
     #[test]
     fn middle_node_dials_one_peer_accepts_the_other_and_routes_both_ways() {

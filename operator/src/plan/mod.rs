@@ -5,6 +5,8 @@ mod address;
 mod assemble;
 mod build;
 mod errors;
+#[cfg(test)]
+pub(crate) mod fixtures;
 mod flows;
 mod generate;
 pub mod model;

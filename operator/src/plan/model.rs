@@ -594,13 +594,7 @@ impl Plan {
 mod tests {
     use super::*;
 
-    fn line3() -> Plan {
-        let text = include_str!("../../../manifests/examples/line3.yaml");
-        let manifest = crate::plan::parse_manifest("line3.yaml", text).expect("parses");
-        crate::plan::plan_manifest(&manifest)
-            .expect("plans")
-            .remove(0)
-    }
+    use crate::plan::fixtures::line3;
 
     #[test]
     fn link_changes_keep_the_nodes_but_node_changes_do_not() {

@@ -14,7 +14,6 @@ pub enum FaultyPart {
     LinkTransport(String),
     NodeSocks(String),
     Flow(String),
-    Route(u32),
 }
 
 /// One faulty row: where it is, and what is wrong with it.

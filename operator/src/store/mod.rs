@@ -343,11 +343,6 @@ impl Store {
         Ok(())
     }
 
-    /// What the hub last found wrong in the topology's rows.
-    pub async fn problems(&self, topology: &str) -> Result<Vec<TopologyProblem>> {
-        status::problems(&self.pool, topology).await
-    }
-
     /// Which creation of the named topology exists now, and at which generation.
     pub async fn version(&self, topology: &str) -> Result<Option<Version>> {
         let row = sqlx::query("SELECT id, generation FROM topologies WHERE name = $1")

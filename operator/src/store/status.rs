@@ -110,7 +110,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
 }
 
 /// What the hub last found wrong in the topology's rows, by subject.
-pub(super) async fn problems(pool: &PgPool, name: &str) -> Result<Vec<super::TopologyProblem>> {
+async fn problems(pool: &PgPool, name: &str) -> Result<Vec<super::TopologyProblem>> {
     let rows = sqlx::query(
         "SELECT p.subject, p.problem, p.consequence FROM topology_problems p \
          JOIN topologies t ON t.id = p.topology_id WHERE t.name = $1 ORDER BY p.subject",

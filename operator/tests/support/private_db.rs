@@ -1,8 +1,11 @@
 //! A private PostgreSQL in a temporary directory, started with the same code
-//! local mode uses, stopped and deleted when dropped. Needs root, like the rest
-//! of local mode, because PostgreSQL runs as the `postgres` user.
+//! local mode uses, stopped and deleted when dropped, and the plans the store
+//! suites write into it. Needs root, like the rest of local mode, because
+//! PostgreSQL runs as the `postgres` user.
 
 use nextmini_operator::localpg::LocalPg;
+use nextmini_operator::plan::{Plan, parse_manifest, plan_manifest};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 pub struct Db {
@@ -28,4 +31,18 @@ pub fn start_db(name: &str, base: u16) -> Db {
     let pg = LocalPg::new(&dir, port).expect("PostgreSQL installed");
     pg.ensure_running().expect("PostgreSQL starts");
     Db { pg, dir }
+}
+
+/// The first topology of a manifest, planned.
+pub fn planned(name: &str, text: &str) -> Plan {
+    let manifest = parse_manifest(name, text).expect("parses");
+    plan_manifest(&manifest).expect("plans").remove(0)
+}
+
+/// A stand-in credential hash per node, as `apply_plan` wants them.
+pub fn hashes(plan: &Plan) -> BTreeMap<String, String> {
+    plan.nodes
+        .iter()
+        .map(|n| (n.name.clone(), format!("hash-of-{}", n.name)))
+        .collect()
 }

@@ -13,8 +13,8 @@ pub fn link_params() -> Value {
 }
 
 /// Every document the database checks writes against, by name.
-pub fn documents() -> Vec<(&'static str, Value)> {
-    vec![(LINK_PARAMS, link_params())]
+pub fn documents() -> Vec<(&'static str, &'static Value)> {
+    vec![(LINK_PARAMS, super::link_params_cached())]
 }
 
 #[cfg(test)]

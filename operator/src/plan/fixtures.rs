@@ -1,0 +1,10 @@
+//! Plans the unit tests of several layers start from.
+
+use super::{Plan, parse_manifest, plan_manifest};
+
+/// `manifests/examples/line3.yaml`, planned.
+pub fn line3() -> Plan {
+    let text = include_str!("../../../manifests/examples/line3.yaml");
+    let manifest = parse_manifest("line3.yaml", text).expect("parses");
+    plan_manifest(&manifest).expect("plans").remove(0)
+}
