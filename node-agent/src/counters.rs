@@ -89,15 +89,22 @@ pub struct NodeCounters {
     pub tun_tx_super: AtomicU64,
     /// Packets each processor routed, by processor index; set once, when the
     /// processors start. Shows whether flows really spread over processors.
-    pub processed: std::sync::OnceLock<Box<[AtomicU64]>>,
+    pub processed: std::sync::OnceLock<Box<[ProcessorCount]>>,
 }
+
+/// One processor's packet count, alone on its cache line: processors run on
+/// different cores and count every packet, and neighbours sharing a line would
+/// bounce it between the cores at each increment.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub struct ProcessorCount(pub AtomicU64);
 
 impl NodeCounters {
     /// Packets each processor routed so far (empty before they start).
     pub fn processed(&self) -> Vec<u64> {
         self.processed
             .get()
-            .map(|c| c.iter().map(|v| v.load(Relaxed)).collect())
+            .map(|c| c.iter().map(|v| v.0.load(Relaxed)).collect())
             .unwrap_or_default()
     }
 }

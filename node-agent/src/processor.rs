@@ -5,7 +5,7 @@
 //! `concurrent`: all processors take from one shared queue, which balances load
 //! across processors at the price of some reordering within flows.
 
-use crate::counters::NodeCounters;
+use crate::counters::{NodeCounters, ProcessorCount};
 use crate::flow::FlowKey;
 use crate::jump_hash::jump_consistent_hash;
 use crate::link::LinkHandle;
@@ -15,7 +15,6 @@ use crate::routing::{Decision, RouteTable};
 use arc_swap::ArcSwap;
 use bytes::{Bytes, BytesMut};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::Relaxed;
 use tokio::sync::mpsc;
 
@@ -66,7 +65,7 @@ impl Processors {
         let _ = outputs
             .counters
             .processed
-            .set((0..count).map(|_| AtomicU64::new(0)).collect());
+            .set((0..count).map(|_| ProcessorCount::default()).collect());
         match mapping {
             Mapping::Sequential => {
                 let inputs: Vec<_> = (0..count as usize)
@@ -127,7 +126,7 @@ impl Processors {
 /// [`process`], counted for processor `index`.
 async fn process_counted(index: usize, packet: Packet, outputs: &Outputs) -> bool {
     if let Some(count) = outputs.counters.processed.get().and_then(|c| c.get(index)) {
-        count.fetch_add(1, Relaxed);
+        count.0.fetch_add(1, Relaxed);
     }
     process(packet, outputs).await
 }
