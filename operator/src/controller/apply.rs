@@ -5,7 +5,7 @@
 //! again.
 
 use super::build::{self, hash_of};
-use super::status::{self, Observed, Planning};
+use super::status::{self, Failure, Observed, Planning};
 use super::validate::{self, Invalid, Validated};
 use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
 use crate::api::{ConditionStatus, Topology, TopologyStatus};
@@ -49,21 +49,90 @@ pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Err
             return Ok(Action::await_change());
         }
     };
-    let credentials = ensure_credentials(topology, ctx, &validated).await?;
-    let generation = store_plan(ctx, &validated, &namespace, &manifest, &credentials).await?;
+    match make_it_so(topology, ctx, &validated, &manifest).await {
+        Ok(action) => Ok(action),
+        Err(error) => {
+            show_failure(topology, ctx, &error).await;
+            Err(error)
+        }
+    }
+}
+
+/// The valid spec into the store, the API server's objects and the status.
+async fn make_it_so(
+    topology: &Topology,
+    ctx: &Context,
+    validated: &Validated,
+    manifest: &Manifest,
+) -> Result<Action, Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let name = topology.name_any();
+    let credentials = ensure_credentials(topology, ctx, validated).await?;
+    let generation = store_plan(ctx, validated, &namespace, manifest, &credentials).await?;
     apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
-    sync_pods(topology, ctx, &validated).await?;
+    sync_pods(topology, ctx, validated).await?;
     let row = ctx.store.status(&name).await?;
     let observed = observe(ctx, &namespace, &name, row.as_ref(), generation).await?;
-    super::members::adopt(ctx, topology, &manifest).await?;
-    super::members::link_statuses(ctx, &manifest, row.as_ref()).await?;
-    super::members::flow_statuses(ctx, &manifest, &name).await?;
+    super::members::adopt(ctx, topology, manifest).await?;
+    super::members::link_statuses(ctx, manifest, row.as_ref()).await?;
+    super::members::flow_statuses(ctx, manifest, &name).await?;
     let ready = write_status(topology, ctx, Planning::Planned, Some(&observed)).await?;
     Ok(Action::requeue(if ready {
         READY_RECHECK
     } else {
         STARTING_RECHECK
     }))
+}
+
+/// What a failed step means for the user, in the refusing party's words.
+pub fn failure_of(error: &Error) -> Failure {
+    match error {
+        Error::Kube(kube::Error::Api(status)) => Failure {
+            reason: match status.code {
+                400 | 422 => "ObjectRefused",
+                403 => "Forbidden",
+                409 => "Conflict",
+                413 => "ObjectTooLarge",
+                500.. => "ApiServerError",
+                _ => "ApiRefused",
+            },
+            message: status.message.clone(),
+        },
+        Error::Kube(e) => Failure {
+            reason: "ApiUnreachable",
+            message: e.to_string(),
+        },
+        Error::Store(e) => Failure {
+            reason: "StoreUnavailable",
+            message: e.to_string(),
+        },
+        Error::Other(message) => Failure {
+            reason: "ReconcileFailed",
+            message: message.clone(),
+        },
+    }
+}
+
+/// Ready=False with the failure's reason and message, and a Warning event when
+/// the failure is new; the controller retries on its own. Best effort: when
+/// the API server itself is what failed, the log is all there is.
+async fn show_failure(topology: &Topology, ctx: &Context, error: &Error) {
+    let failure = failure_of(error);
+    let before = status::condition(topology.status.as_ref(), "Ready")
+        .map(|c| (c.reason.clone(), c.message.clone()));
+    if let Err(e) = write_status(topology, ctx, Planning::Failed(&failure), None).await {
+        tracing::warn!(topology = %topology.name_any(), error = %e, "could not write the failure into the status");
+    }
+    if before != Some((failure.reason.to_string(), failure.message.clone())) {
+        publish(
+            ctx,
+            topology,
+            EventType::Warning,
+            failure.reason,
+            &failure.message,
+        )
+        .await;
+    }
 }
 
 /// Removes the topology's rows and pods; the Service and Secret go with their
@@ -336,44 +405,18 @@ async fn observe(
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
         .await?;
-    observed.pod_problems = pods.items.iter().filter_map(pod_problem).collect();
+    let now = k8s_openapi::jiff::Timestamp::now();
+    for pod in &pods.items {
+        let health = super::health::of_pod(pod, now);
+        observed.pod_problems.extend(health.blocking);
+        observed.pod_warnings.extend(health.recent);
+    }
+    if let Some(operator) = &ctx.operator_pod {
+        observed
+            .pod_warnings
+            .extend(super::health::operator_restarts(operator, now));
+    }
     Ok(observed)
-}
-
-/// Why a pod cannot run, if it cannot.
-fn pod_problem(pod: &Pod) -> Option<String> {
-    const STUCK: &[&str] = &[
-        "CrashLoopBackOff",
-        "ImagePullBackOff",
-        "ErrImagePull",
-        "ErrImageNeverPull",
-        "CreateContainerConfigError",
-        "CreateContainerError",
-        "RunContainerError",
-        "InvalidImageName",
-    ];
-    let status = pod.status.as_ref()?;
-    if status.phase.as_deref() == Some("Failed") {
-        return Some(format!("{}: failed", pod.name_any()));
-    }
-    if let Some(c) = status.conditions.iter().flatten().find(|c| {
-        c.type_ == "PodScheduled"
-            && c.status == "False"
-            && c.reason.as_deref() == Some("Unschedulable")
-    }) {
-        return Some(format!(
-            "{}: unschedulable: {}",
-            pod.name_any(),
-            c.message.clone().unwrap_or_default()
-        ));
-    }
-    status.container_statuses.iter().flatten().find_map(|c| {
-        let waiting = c.state.as_ref()?.waiting.as_ref()?;
-        let reason = waiting.reason.as_deref()?;
-        STUCK
-            .contains(&reason)
-            .then(|| format!("{} container {}: {reason}", pod.name_any(), c.name))
-    })
 }
 
 /// Writes the status when it changed (ignoring transition times) and
@@ -399,8 +442,9 @@ async fn write_status(
     }
     let was_ready =
         status::condition(previous, "Ready").is_some_and(|c| c.status == ConditionStatus::True);
-    let was_degraded =
-        status::condition(previous, "Degraded").is_some_and(|c| c.status == ConditionStatus::True);
+    let was_degraded = status::condition(previous, "Degraded")
+        .filter(|c| c.status == ConditionStatus::True)
+        .map(|c| c.message.clone());
     let api = Api::<Topology>::namespaced(
         ctx.client.clone(),
         &topology.namespace().unwrap_or_default(),
@@ -422,9 +466,10 @@ async fn write_status(
         )
         .await;
     }
+    // Every new set of problems is an event, not only the first.
     if let Some(d) =
         status::condition(Some(&next), "Degraded").filter(|d| d.status == ConditionStatus::True)
-        && !was_degraded
+        && was_degraded.as_deref() != Some(d.message.as_str())
     {
         publish(ctx, topology, EventType::Warning, "Degraded", &d.message).await;
     }

@@ -12,6 +12,7 @@
 pub mod apply;
 pub mod build;
 pub mod fetch;
+pub mod health;
 pub mod members;
 pub mod orphans;
 pub mod status;
@@ -56,6 +57,33 @@ pub struct Context {
     pub store: Store,
     pub settings: Settings,
     pub recorder: Recorder,
+    /// The operator's own pod as it was when the operator started: its
+    /// last termination, when it restarted, shows on every topology.
+    pub operator_pod: Option<Pod>,
+}
+
+/// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if
+/// it runs in one and may read it.
+async fn own_pod(client: &Client) -> Option<Pod> {
+    let name = std::env::var("POD_NAME").ok()?;
+    let namespace = std::env::var("POD_NAMESPACE").ok()?;
+    match Api::<Pod>::namespaced(client.clone(), &namespace)
+        .get(&name)
+        .await
+    {
+        Ok(pod) => {
+            if let Some(restarts) =
+                health::operator_restarts(&pod, k8s_openapi::jiff::Timestamp::now())
+            {
+                tracing::warn!(%restarts, "the operator restarted");
+            }
+            Some(pod)
+        }
+        Err(e) => {
+            tracing::info!(error = %e, "cannot read the operator's own pod; its restarts will not show on topologies");
+            None
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -96,11 +124,13 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
             instance: std::env::var("POD_NAME").ok(),
         },
     );
+    let operator_pod = own_pod(&client).await;
     let context = Arc::new(Context {
         client,
         store,
         settings,
         recorder,
+        operator_pod,
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));

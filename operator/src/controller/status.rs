@@ -16,6 +16,9 @@ pub struct Observed {
     pub links_up: u32,
     /// Pods that cannot run, with the reason (`line3-b: ImagePullBackOff`).
     pub pod_problems: Vec<String>,
+    /// Pods (or the operator) that run but failed recently: restarts, OOM
+    /// kills. The topology forwards, but its nodes lost their state.
+    pub pod_warnings: Vec<String>,
     /// Stored rows the hub cannot run as written (`links s-y params_forward:
     /// ...; runs its last good parameters`).
     pub row_problems: Vec<String>,
@@ -25,6 +28,35 @@ pub struct Observed {
 pub enum Planning<'a> {
     Planned,
     Refused(&'a Invalid),
+    /// The spec is valid, but making it so failed: the API server refused an
+    /// object, or the store was unreachable. Retried; shown until it succeeds.
+    Failed(&'a Failure),
+}
+
+/// Why applying a valid spec failed, in the words of whoever refused it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// `ObjectRefused`, `Forbidden`, `ApiUnreachable`, `StoreUnavailable`, …
+    pub reason: &'static str,
+    pub message: String,
+}
+
+/// At most this many problems are named in one condition; the rest are
+/// counted, so a status stays small however many pods fail.
+const NAMED_PROBLEMS: usize = 10;
+
+/// `problems` joined, the first [`NAMED_PROBLEMS`] by name.
+pub fn summarize(problems: &[String]) -> String {
+    let mut text = problems
+        .iter()
+        .take(NAMED_PROBLEMS)
+        .cloned()
+        .collect::<Vec<_>>()
+        .join("; ");
+    if problems.len() > NAMED_PROBLEMS {
+        text.push_str(&format!("; and {} more", problems.len() - NAMED_PROBLEMS));
+    }
+    text
 }
 
 /// The next status from the previous one: conditions whose status is unchanged
@@ -47,6 +79,12 @@ pub fn next(
             ConditionStatus::True,
             "Planned",
             "the spec is valid and stored".into(),
+        ),
+        Planning::Failed(_) => push(
+            "Planned",
+            ConditionStatus::True,
+            "Valid",
+            "the spec is valid; applying it failed (see the Ready condition)".into(),
         ),
         Planning::Refused(invalid) => push(
             "Planned",
@@ -82,19 +120,32 @@ pub fn next(
             },
             format!("{}/{} links up", o.links_up, o.links_total),
         );
-        if o.pod_problems.is_empty() {
+        if !o.pod_problems.is_empty() {
+            let all: Vec<String> = o
+                .pod_problems
+                .iter()
+                .chain(&o.pod_warnings)
+                .cloned()
+                .collect();
+            push(
+                "Degraded",
+                ConditionStatus::True,
+                "PodsFailing",
+                summarize(&all),
+            );
+        } else if !o.pod_warnings.is_empty() {
+            push(
+                "Degraded",
+                ConditionStatus::True,
+                "PodsRestarted",
+                summarize(&o.pod_warnings),
+            );
+        } else {
             push(
                 "Degraded",
                 ConditionStatus::False,
                 "PodsHealthy",
                 "no pod is failing".into(),
-            );
-        } else {
-            push(
-                "Degraded",
-                ConditionStatus::True,
-                "PodsFailing",
-                o.pod_problems.join("; "),
             );
         }
         if o.row_problems.is_empty() {
@@ -112,7 +163,7 @@ pub fn next(
                 format!(
                     "{} stored row(s) cannot run as written: {}",
                     o.row_problems.len(),
-                    o.row_problems.join("; ")
+                    summarize(&o.row_problems)
                 ),
             );
         }
@@ -125,11 +176,25 @@ pub fn next(
             "the last change was refused (see the Planned condition); what ran before runs on"
                 .into(),
         ),
+        (Planning::Failed(failure), _) => push(
+            "Ready",
+            ConditionStatus::False,
+            failure.reason,
+            failure.message.clone(),
+        ),
         (Planning::Planned, true) => push(
             "Ready",
             ConditionStatus::True,
             "Ready",
             "every agent runs the current spec and every link is up".into(),
+        ),
+        // A pod that cannot run is why the topology is not ready, whatever
+        // the counts say.
+        (Planning::Planned, false) if !o.pod_problems.is_empty() => push(
+            "Ready",
+            ConditionStatus::False,
+            "PodsFailing",
+            summarize(&o.pod_problems),
         ),
         (Planning::Planned, false) => push(
             "Ready",
@@ -141,6 +206,13 @@ pub fn next(
             ),
         ),
     }
+    // Conditions not looked at this time (nothing was observed) keep what
+    // they said last.
+    let kept = previous_conditions
+        .iter()
+        .filter(|c| !wanted.iter().any(|(t, ..)| *t == c.type_))
+        .cloned()
+        .collect::<Vec<_>>();
     let conditions = wanted
         .into_iter()
         .map(|(type_, status, reason, message)| {
@@ -157,6 +229,7 @@ pub fn next(
                 observed_generation: generation,
             }
         })
+        .chain(kept)
         .collect();
     let (nodes_ready, nodes_total, links_up, links_total) = match observed {
         Some(o) => (o.nodes_ready, o.nodes_total, o.links_up, o.links_total),
@@ -215,6 +288,7 @@ mod tests {
             links_total: 2,
             links_up: up,
             pod_problems: vec![],
+            pod_warnings: vec![],
             row_problems: vec![],
         }
     }
@@ -332,12 +406,84 @@ mod tests {
     }
 
     #[test]
-    fn failing_pods_mark_the_topology_degraded() {
+    fn failing_pods_mark_the_topology_degraded_and_not_ready() {
         let mut o = observed(2, 2);
         o.pod_problems = vec!["line3-b: CrashLoopBackOff".into()];
         let s = next(None, Some(1), Planning::Planned, Some(&o), at(10));
         let d = get(&s, "Degraded");
         assert_eq!(d.status, ConditionStatus::True);
         assert!(d.message.contains("line3-b"));
+        let r = get(&s, "Ready");
+        assert_eq!(
+            (r.status, r.reason.as_str()),
+            (ConditionStatus::False, "PodsFailing")
+        );
+        assert!(r.message.contains("CrashLoopBackOff"), "{}", r.message);
+        // A pod that restarted but runs again degrades, but does not block.
+        let mut o = observed(3, 2);
+        o.pod_warnings = vec![
+            "line3-b container agent: restarted 1 time(s), last exit 137 (OOMKilled) 3 s ago"
+                .into(),
+        ];
+        let s = next(None, Some(1), Planning::Planned, Some(&o), at(10));
+        let d = get(&s, "Degraded");
+        assert_eq!(
+            (d.status, d.reason.as_str()),
+            (ConditionStatus::True, "PodsRestarted")
+        );
+        assert!(d.message.contains("OOMKilled"));
+        assert_eq!(get(&s, "Ready").status, ConditionStatus::True);
+    }
+
+    #[test]
+    fn a_failed_apply_shows_the_apis_words_and_keeps_the_rest() {
+        let running = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(10),
+        );
+        let failure = Failure {
+            reason: "ObjectRefused",
+            message: "Secret \"nm-ring-credentials\" is invalid: data: Too long".into(),
+        };
+        let s = next(
+            Some(&running),
+            Some(2),
+            Planning::Failed(&failure),
+            None,
+            at(20),
+        );
+        let ready = get(&s, "Ready");
+        assert_eq!(
+            (ready.status, ready.reason.as_str()),
+            (ConditionStatus::False, "ObjectRefused")
+        );
+        assert!(ready.message.contains("Too long"));
+        assert_eq!(get(&s, "Planned").status, ConditionStatus::True);
+        // What was observed before still shows, with its counts.
+        assert_eq!(get(&s, "LinksReady").message, "2/2 links up");
+        assert_eq!((s.nodes_ready, s.links_up), (3, 2));
+        let again = next(Some(&s), Some(2), Planning::Failed(&failure), None, at(30));
+        assert!(
+            same_ignoring_time(&s, &again),
+            "a repeated failure writes nothing"
+        );
+    }
+
+    #[test]
+    fn many_problems_are_counted_not_listed() {
+        let problems: Vec<String> = (0..10_000)
+            .map(|i| format!("ring-worker-{i}: OOMKilled"))
+            .collect();
+        let text = summarize(&problems);
+        assert!(text.len() < 1_000, "{} bytes", text.len());
+        assert!(text.starts_with("ring-worker-0: OOMKilled; "));
+        assert!(text.ends_with("; and 9990 more"), "{text}");
+        assert_eq!(
+            summarize(&problems[..2]),
+            "ring-worker-0: OOMKilled; ring-worker-1: OOMKilled"
+        );
     }
 }
