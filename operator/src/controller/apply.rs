@@ -5,6 +5,7 @@
 //! again.
 
 use super::build::{self, hash_of};
+use super::pod_files;
 use super::status::{self, Failure, Observed, Planning};
 use super::validate::{self, Invalid, Validated};
 use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
@@ -12,7 +13,8 @@ use crate::api::{ConditionStatus, Topology, TopologyStatus};
 use crate::pki::Credentials;
 use crate::plan::Manifest;
 use crate::runtime::pods;
-use k8s_openapi::api::core::v1::{Pod, Secret, Service};
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
@@ -70,6 +72,7 @@ async fn make_it_so(
     let credentials = ensure_credentials(topology, ctx, validated).await?;
     let generation = store_plan(ctx, validated, &namespace, manifest, &credentials).await?;
     apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
+    sync_hosts(topology, ctx, validated).await?;
     sync_pods(topology, ctx, validated).await?;
     let row = ctx.store.status(&name).await?;
     let observed = observe(ctx, &namespace, &name, row.as_ref(), generation).await?;
@@ -135,8 +138,8 @@ async fn show_failure(topology: &Topology, ctx: &Context, error: &Error) {
     }
 }
 
-/// Removes the topology's rows and pods; the Service and Secret go with their
-/// owner. A topology of the same name run by someone else is left alone.
+/// Removes the topology's rows, pods, Service, Secrets and ConfigMaps (the
+/// owner references would remove the last three too, but later). A topology of the same name run by someone else is left alone.
 pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let name = topology.name_any();
@@ -153,12 +156,12 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error
             .await
             .map(|_| ()),
     )?;
-    ignore_missing(
-        Api::<Secret>::namespaced(ctx.client.clone(), &namespace)
-            .delete(&pods::credentials_secret(&name), &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )?;
+    sync_parts::<Secret>(ctx, &namespace, &name, Vec::new(), |s| &s.metadata).await?;
+    sync_parts::<ConfigMap>(ctx, &namespace, &name, Vec::new(), |c| &c.metadata).await?;
+    ctx.credentials
+        .lock()
+        .await
+        .remove(&format!("{namespace}/{name}"));
     publish(
         ctx,
         topology,
@@ -188,49 +191,141 @@ async fn refuse(topology: &Topology, ctx: &Context, invalid: &Invalid) -> Result
 }
 
 /// Each node's credential (token, certificate and key of the store's control
-/// CA), kept in the topology's Secret across reconciles; new nodes get new ones,
-/// and all are issued again when the CA is not the one that issued them (a new
+/// CA), kept in its pod's Secret across reconciles; new nodes get new ones, and
+/// all are issued again when the CA is not the one that issued them (a new
 /// database). Agents read their files at every connect, so a rotation needs no
-/// pod restart once the kubelet has updated the mounted Secret.
+/// pod restart once the kubelet has updated the mounted Secret. The operator
+/// keeps what it wrote in memory and reads the Secrets back only when it
+/// starts (or the CA changed); then it compares content hashes from a
+/// metadata-only list, so a Ready topology of 10,000 nodes costs one small
+/// list per reconcile, not its megabytes of keys.
 async fn ensure_credentials(
     topology: &Topology,
     ctx: &Context,
     validated: &Validated,
 ) -> Result<Credentials, Error> {
     let namespace = topology.namespace().unwrap_or_default();
-    let name = &validated.plan.topology;
-    let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
-    let stored: BTreeMap<String, String> = api
-        .get_opt(&pods::credentials_secret(name))
-        .await?
-        .and_then(|s| s.data)
-        .unwrap_or_default()
-        .into_iter()
-        .filter_map(|(k, v)| Some((k, String::from_utf8(v.0).ok()?)))
-        .collect();
+    let plan = &validated.plan;
+    let nodes = || plan.nodes.iter().map(|n| &n.name);
     let ca = ctx.store.control_ca().await?;
-    let nodes = || validated.plan.nodes.iter().map(|n| &n.name);
-    let mut credentials = Credentials::from_files(&stored, nodes())
+    let key = format!("{namespace}/{}", plan.topology);
+    let cached = ctx
+        .credentials
+        .lock()
+        .await
+        .get(&key)
         .filter(|c| c.ca_pem == ca.cert_pem())
-        .unwrap_or_else(|| Credentials {
-            ca_pem: ca.cert_pem().to_string(),
-            nodes: BTreeMap::new(),
-        });
+        .cloned();
+    let api = Api::<Secret>::namespaced(ctx.client.clone(), &namespace);
+    let mut credentials = match cached {
+        Some(c) => c,
+        None => {
+            // Every Secret of the topology, including the single one older
+            // operators wrote for all nodes.
+            let mut files = BTreeMap::new();
+            let all = api
+                .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={}", plan.topology)))
+                .await?;
+            for secret in all.items {
+                for (k, v) in secret.data.unwrap_or_default() {
+                    if let Ok(v) = String::from_utf8(v.0) {
+                        files.insert(k, v);
+                    }
+                }
+            }
+            Credentials::from_files(&files, nodes())
+                .filter(|c| c.ca_pem == ca.cert_pem())
+                .unwrap_or_else(|| Credentials {
+                    ca_pem: ca.cert_pem().to_string(),
+                    nodes: BTreeMap::new(),
+                })
+        }
+    };
+    credentials
+        .nodes
+        .retain(|n, _| plan.nodes.iter().any(|p| &p.name == n));
     let missing: Vec<&String> = nodes()
         .filter(|n| !credentials.nodes.contains_key(*n))
         .collect();
-    let issued = Credentials::issue(&ca, name, missing.into_iter())
+    let issued = Credentials::issue(&ca, &plan.topology, missing.into_iter())
         .map_err(crate::store::StoreError::from)?;
     credentials.nodes.extend(issued.nodes);
-    if credentials.files() != stored {
-        apply_object(
-            &ctx.client,
-            &namespace,
-            &build::credentials(topology, name, &credentials),
-        )
-        .await?;
-    }
+    let desired = pod_files::credential_secrets(topology, plan, &credentials);
+    sync_parts(ctx, &namespace, &plan.topology, desired, |s: &Secret| {
+        &s.metadata
+    })
+    .await?;
+    ctx.credentials
+        .lock()
+        .await
+        .insert(key, credentials.clone());
     Ok(credentials)
+}
+
+/// A packed topology's node names, in ConfigMaps its worker pods mount.
+async fn sync_hosts(
+    topology: &Topology,
+    ctx: &Context,
+    validated: &Validated,
+) -> Result<(), Error> {
+    let namespace = topology.namespace().unwrap_or_default();
+    let desired = pod_files::hosts_config_maps(topology, &validated.plan);
+    sync_parts(
+        ctx,
+        &namespace,
+        &validated.plan.topology,
+        desired,
+        |c: &ConfigMap| &c.metadata,
+    )
+    .await
+}
+
+/// Makes the topology's objects of one kind exactly `desired`: writes those
+/// whose content hash differs from the live one and deletes the rest (those
+/// of nodes that are gone, and the single Secret older operators wrote).
+async fn sync_parts<K>(
+    ctx: &Context,
+    namespace: &str,
+    topology: &str,
+    desired: Vec<K>,
+    meta: impl Fn(&K) -> &ObjectMeta,
+) -> Result<(), Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let api = Api::<K>::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{TOPOLOGY_LABEL}={topology}");
+    let live: HashMap<String, Option<String>> = api
+        .list_metadata(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .into_iter()
+        .map(|m| {
+            let hash = pod_files::hash_of(&m.metadata).map(str::to_string);
+            (m.name_any(), hash)
+        })
+        .collect();
+    for object in &desired {
+        let m = meta(object);
+        let name = m.name.clone().unwrap_or_default();
+        let wanted = pod_files::hash_of(m).map(str::to_string);
+        if live.get(&name) != Some(&wanted) {
+            apply_object(&ctx.client, namespace, object).await?;
+        }
+    }
+    for name in live.keys() {
+        if !desired
+            .iter()
+            .any(|d| meta(d).name.as_deref() == Some(name.as_str()))
+        {
+            ignore_missing(api.delete(name, &DeleteParams::default()).await.map(|_| ()))?;
+        }
+    }
+    Ok(())
 }
 
 /// What the store compares to decide whether the desired state changed.

@@ -1,15 +1,16 @@
 //! Phase 3 (pure): the Kubernetes objects a planned topology needs — one agent
-//! pod per node, a headless Service giving each pod a DNS name for the links,
-//! and a Secret with the nodes' credentials — all owned by the Topology, so
-//! deleting it removes them.
+//! pod per node (or one worker pod per share of nodes), a headless Service
+//! giving each pod a DNS name for the links, and what the pods mount
+//! ([`super::pod_files`]) — all owned by the Topology, so deleting it removes
+//! them.
 
+use super::pod_files::{HOSTS_DIR, hosts_volume};
 use super::validate::Validated;
 use super::{MANAGED_BY, NODE_LABEL, Settings, TOPOLOGY_LABEL};
 use crate::api::Topology;
-use crate::pki::{Credentials, files};
+use crate::pki::files;
 use crate::plan::{LINK_PORT, Plan, PlannedNode};
 use crate::runtime::{packed, pods};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, EmptyDirVolumeSource, EnvVar, HostAlias, HostPathVolumeSource,
     KeyToPath, Pod, PodSecurityContext, PodSpec, ResourceRequirements, SecretVolumeSource,
@@ -32,7 +33,7 @@ pub const WORKER_LABEL: &str = "nextmini.io/worker";
 const WORKER_CONTAINER: &str = "worker";
 const CREDENTIAL_DIR: &str = "/var/run/nextmini";
 
-fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, String> {
+pub(super) fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, String> {
     let mut l = BTreeMap::from([
         (
             "app.kubernetes.io/name".to_string(),
@@ -50,7 +51,11 @@ fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, String> {
     l
 }
 
-fn owned_meta(owner: &Topology, name: String, labels: BTreeMap<String, String>) -> ObjectMeta {
+pub(super) fn owned_meta(
+    owner: &Topology,
+    name: String,
+    labels: BTreeMap<String, String>,
+) -> ObjectMeta {
     ObjectMeta {
         name: Some(name),
         namespace: owner.namespace(),
@@ -84,36 +89,19 @@ pub fn service(owner: &Topology, topology: &str) -> Service {
     }
 }
 
-/// The credentials Secret: per node its token, certificate and key, and the
-/// control CA's certificate.
-pub fn credentials(
-    owner: &Topology,
-    topology: &str,
-    credentials: &Credentials,
-) -> k8s_openapi::api::core::v1::Secret {
-    k8s_openapi::api::core::v1::Secret {
-        metadata: owned_meta(
-            owner,
-            pods::credentials_secret(topology),
-            labels(topology, None),
-        ),
-        data: Some(
-            credentials
-                .files()
-                .into_iter()
-                .map(|(k, v)| (k, ByteString(v.into_bytes())))
-                .collect(),
-        ),
-        type_: Some("Opaque".into()),
-        ..Default::default()
-    }
-}
-
 /// The topology's pods, each with its spec hash annotated: one agent pod per
 /// node, or for packed placement, one pod per worker.
 pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) -> Vec<Pod> {
     let plan = &validated.plan;
-    // Node names resolve to overlay addresses inside every pod, as in local mode.
+    if let Some(packing) = plan.packing() {
+        return packed::workers(plan, packing)
+            .into_iter()
+            .map(|(worker, nodes)| worker_pod(owner, validated, worker, &nodes, settings))
+            .collect();
+    }
+    // Node names resolve to overlay addresses inside every pod, as in local
+    // mode. (A worker's nodes read them from the hosts ConfigMaps instead:
+    // validation caps pod-per-node topologies where this list stays small.)
     let aliases: Vec<HostAlias> = plan
         .nodes
         .iter()
@@ -122,12 +110,6 @@ pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) 
             hostnames: Some(vec![n.name.clone()]),
         })
         .collect();
-    if let Some(packing) = plan.packing() {
-        return packed::workers(plan, packing)
-            .into_iter()
-            .map(|(worker, nodes)| worker_pod(owner, validated, worker, &nodes, &aliases, settings))
-            .collect();
-    }
     plan.nodes
         .iter()
         .map(|node| {
@@ -218,7 +200,7 @@ fn agent_pod(
             // Only this node's files, named as the agent expects them
             // beside its credential file.
             credential_volume(
-                topology,
+                &pods::credentials_secret(&pods::pod_name(topology, &node.name)),
                 [
                     (files::token(&node.name), "credential"),
                     (files::cert(&node.name), "credential.crt"),
@@ -274,6 +256,8 @@ pub fn pods_hosting(plan: &Plan, nodes: &[&String]) -> Vec<String> {
 
 /// Where a worker keeps its nodes' namespaces (`ip netns` finds them there).
 const NETNS_DIR: &str = "/run/netns";
+/// Where `ip netns exec` finds per-namespace files such as `hosts`.
+const ETC_NETNS_DIR: &str = "/etc/netns";
 
 /// A packed topology's worker pod: `nextmini worker` makes a network namespace
 /// per node, starts and supervises the nodes' agents. The agents stay in the
@@ -284,7 +268,6 @@ fn worker_pod(
     validated: &Validated,
     worker: u32,
     nodes: &[&PlannedNode],
-    aliases: &[HostAlias],
     settings: &Settings,
 ) -> Pod {
     let topology = &validated.plan.topology;
@@ -319,6 +302,8 @@ fn worker_pod(
             CREDENTIAL_DIR.into(),
             "--nodes".into(),
             packed::nodes_arg(nodes),
+            "--hosts-dir".into(),
+            HOSTS_DIR.into(),
         ]),
         env: Some(vec![
             EnvVar {
@@ -350,13 +335,16 @@ fn worker_pod(
             mount("credential", CREDENTIAL_DIR, true),
             mount("netns", NETNS_DIR, false),
             mount("tmp", "/tmp", false),
+            mount("hosts", HOSTS_DIR, true),
+            // Each node's hosts file, which `ip netns exec` (and so
+            // `nextmini exec`) puts over /etc/hosts.
+            mount("etc-netns", ETC_NETNS_DIR, false),
         ]),
         ..Container::default()
     };
     let spec = PodSpec {
         hostname: Some(pods::worker_hostname(worker)),
         subdomain: Some(pods::service_name(topology)),
-        host_aliases: Some(aliases.to_vec()),
         containers: vec![container],
         volumes: Some(vec![
             tun_volume(),
@@ -364,7 +352,7 @@ fn worker_pod(
             // agent finds `<node>.crt`, `<node>.key` and `ca.crt` beside its
             // credential file `<node>`.
             credential_volume(
-                topology,
+                &pods::credentials_secret(&pods::worker_pod_name(topology, worker)),
                 names
                     .iter()
                     .flat_map(|n| [files::token(n), files::cert(n), files::key(n)])
@@ -373,6 +361,8 @@ fn worker_pod(
             ),
             scratch("netns"),
             scratch("tmp"),
+            scratch("etc-netns"),
+            hosts_volume(&validated.plan),
         ]),
         restart_policy: Some("Always".into()),
         // Agents first, then every namespace: a few seconds for 50 nodes.
@@ -436,13 +426,13 @@ fn worker_resources(nodes: &[&PlannedNode]) -> Option<ResourceRequirements> {
     })
 }
 
-/// The `credential` volume: the given keys of the topology's Secret, each at
-/// its path, readable by the owner only.
-fn credential_volume(topology: &str, items: impl IntoIterator<Item = (String, String)>) -> Volume {
+/// The `credential` volume: the given keys of the pod's Secret, each at its
+/// path, readable by the owner only.
+fn credential_volume(secret: &str, items: impl IntoIterator<Item = (String, String)>) -> Volume {
     Volume {
         name: "credential".into(),
         secret: Some(SecretVolumeSource {
-            secret_name: Some(pods::credentials_secret(topology)),
+            secret_name: Some(secret.to_string()),
             items: Some(
                 items
                     .into_iter()
@@ -713,7 +703,21 @@ mod tests {
                 Some(format!("worker-{w}").as_str())
             );
             assert_eq!(spec.subdomain.as_deref(), Some("nm-packed6"));
-            assert_eq!(spec.host_aliases.as_ref().expect("aliases").len(), 6);
+            assert_eq!(spec.host_aliases, None, "names come from ConfigMaps");
+            let hosts = spec
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == "hosts")
+                .and_then(|v| v.projected.as_ref())
+                .and_then(|p| p.sources.as_ref())
+                .expect("hosts volume");
+            let maps: Vec<&str> = hosts
+                .iter()
+                .filter_map(|s| s.config_map.as_ref())
+                .map(|c| c.name.as_str())
+                .collect();
+            assert_eq!(maps, ["nm-packed6-hosts-0"]);
             assert_eq!(spec.containers.len(), 1, "no user containers in a worker");
         }
         assert_eq!(
@@ -728,6 +732,7 @@ mod tests {
             Some(["nextmini".to_string(), "worker".to_string()].as_slice())
         );
         assert_eq!(arg(c, "--topology"), "packed6");
+        assert_eq!(arg(c, "--hosts-dir"), super::super::pod_files::HOSTS_DIR);
         assert_eq!(arg(c, "--hub"), settings().hub_address);
         let nodes = crate::runtime::packed::parse_nodes(arg(c, "--nodes")).expect("nodes");
         let listed: Vec<&str> = nodes.iter().map(|n| n.name.as_str()).collect();
@@ -757,7 +762,14 @@ mod tests {
             .flatten()
             .map(|m| m.mount_path.as_str())
             .collect();
-        for path in ["/dev/net/tun", "/var/run/nextmini", "/run/netns", "/tmp"] {
+        for path in [
+            "/dev/net/tun",
+            "/var/run/nextmini",
+            "/run/netns",
+            "/tmp",
+            "/etc/nextmini/hosts.d",
+            "/etc/netns",
+        ] {
             assert!(mounts.contains(&path), "{path} is mounted: {mounts:?}");
         }
         // Only the worker's own nodes' credentials.
@@ -768,6 +780,10 @@ mod tests {
             .flatten()
             .find_map(|v| v.secret.as_ref())
             .expect("credentials volume");
+        assert_eq!(
+            secret.secret_name.as_deref(),
+            Some("packed6-worker-0-credentials")
+        );
         let items: Vec<(&str, &str)> = secret
             .items
             .iter()
@@ -890,21 +906,14 @@ mod tests {
     }
 
     #[test]
-    fn headless_service_and_secret_are_owned_and_named() {
+    fn headless_service_is_owned_and_named() {
         let t = topology(SHAPED);
         let s = service(&t, "line3");
+        assert_eq!(s.metadata.name.as_deref(), Some("nm-line3"));
         let spec = s.spec.as_ref().expect("spec");
         assert_eq!(spec.cluster_ip.as_deref(), Some("None"));
         assert_eq!(spec.publish_not_ready_addresses, Some(true));
         assert!(s.metadata.owner_references.is_some());
-        let ca = crate::pki::ControlCa::generate().expect("ca");
-        let issued =
-            Credentials::issue(&ca, "line3", ["a".to_string()].iter()).expect("credentials");
-        let secret = credentials(&t, "line3", &issued);
-        assert_eq!(secret.name_any(), "nm-line3-credentials");
-        assert!(secret.metadata.owner_references.is_some());
-        let keys: Vec<&String> = secret.data.as_ref().expect("data").keys().collect();
-        assert_eq!(keys, ["a", "a.crt", "a.key", "ca.crt"]);
     }
 
     #[test]
@@ -921,6 +930,7 @@ mod tests {
             .and_then(|v| v.iter().find(|v| v.name == "credential"))
             .and_then(|v| v.secret.as_ref())
             .expect("credential volume");
+        assert_eq!(secret.secret_name.as_deref(), Some("line3-b-credentials"));
         let items: Vec<(&str, &str)> = secret
             .items
             .as_ref()

@@ -15,6 +15,7 @@ pub mod fetch;
 pub mod health;
 pub mod members;
 pub mod orphans;
+pub mod pod_files;
 pub mod status;
 pub mod validate;
 
@@ -60,6 +61,9 @@ pub struct Context {
     /// The operator's own pod as it was when the operator started: its
     /// last termination, when it restarted, shows on every topology.
     pub operator_pod: Option<Pod>,
+    /// The credentials each topology's Secrets hold (`namespace/name`), so a
+    /// reconcile need not read them back.
+    pub credentials: tokio::sync::Mutex<std::collections::HashMap<String, crate::pki::Credentials>>,
 }
 
 /// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if
@@ -131,6 +135,7 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         settings,
         recorder,
         operator_pod,
+        credentials: Default::default(),
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));

@@ -25,6 +25,11 @@ pub struct Invalid {
     pub message: String,
 }
 
+/// The most nodes of a pod-per-node topology: each pod lists every node's
+/// name as a host alias, about 60 bytes each in the stored pod, so this keeps
+/// a pod under 256 KiB (packed workers read names from ConfigMaps instead).
+pub const MAX_POD_PER_NODE: usize = 4096;
+
 /// Containers the agent pod reserves for itself.
 const AGENT_CONTAINER: &str = "agent";
 
@@ -68,8 +73,18 @@ pub fn validate(
         });
     }
     let containers = user_containers(topology)?;
-    if let Some(packing) = plan.packing() {
-        packed_fits(topology, &plan, packing, &containers)?;
+    match plan.packing() {
+        Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
+        None if plan.nodes.len() > MAX_POD_PER_NODE => {
+            return Err(Invalid {
+                reason: "InvalidSpec",
+                message: format!(
+                    "spec.placement: pod-per-node runs at most {MAX_POD_PER_NODE} nodes (every pod lists every node's name, and a pod per node would need as many pods), this topology has {}; use placement: packed",
+                    plan.nodes.len()
+                ),
+            });
+        }
+        None => {}
     }
     Ok(Validated {
         plan,

@@ -8,6 +8,7 @@ pub mod names;
 pub mod neigh;
 pub mod netlink;
 pub mod netns;
+pub mod node_hosts;
 pub mod packed;
 pub mod pods;
 pub mod process;

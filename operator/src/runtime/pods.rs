@@ -1,5 +1,5 @@
-//! Names of what a topology owns in a cluster (its agent pods, headless Service
-//! and credentials Secret) and how the store records that a topology runs there.
+//! Names of what a topology owns in a cluster (its agent pods, headless Service,
+//! credentials Secrets and hosts ConfigMaps) and how the store records that a topology runs there.
 //! Pure, so the hub and the controller agree without talking to each other.
 
 use crate::hub::Underlay;
@@ -41,9 +41,14 @@ pub fn service_name(topology: &str) -> String {
     bounded(&format!("nm-{topology}"), 63)
 }
 
-/// The Secret holding each node's credential, one key per node.
-pub fn credentials_secret(topology: &str) -> String {
-    bounded(&format!("nm-{topology}-credentials"), 253)
+/// The Secret holding the credentials of a pod's nodes.
+pub fn credentials_secret(pod: &str) -> String {
+    bounded(&format!("{pod}-credentials"), 253)
+}
+
+/// One of a packed topology's ConfigMaps of node names.
+pub fn hosts_config_map(topology: &str, part: usize) -> String {
+    bounded(&format!("nm-{topology}-hosts-{part}"), 253)
 }
 
 /// The agent pod of a node.

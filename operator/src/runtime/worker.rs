@@ -11,7 +11,7 @@
 //! translated anywhere.
 
 use super::packed::WorkerNode;
-use super::{RuntimeError, cgroup, names, netlink};
+use super::{RuntimeError, cgroup, names, netlink, node_hosts};
 use crate::pki::files;
 use futures::StreamExt;
 use rtnetlink::LinkUnspec;
@@ -41,7 +41,12 @@ pub struct WorkerConfig {
     pub credential_dir: PathBuf,
     pub agent_binary: PathBuf,
     pub nodes: Vec<WorkerNode>,
+    /// The hosts ConfigMaps' files, which become every node's /etc/hosts.
+    pub hosts_dir: Option<PathBuf>,
 }
+
+/// Where `ip netns exec` finds each namespace's hosts file.
+const ETC_NETNS: &str = "/etc/netns";
 
 impl WorkerConfig {
     fn netns(&self, node: &str) -> String {
@@ -153,6 +158,15 @@ pub async fn run(
         return Err(e);
     }
     let (stop_tx, stop_rx) = watch::channel(false);
+    let namespaces: Vec<String> = config.nodes.iter().map(|n| config.netns(&n.name)).collect();
+    let hosts = config.hosts_dir.clone().map(|dir| {
+        tokio::spawn(node_hosts::keep_current(
+            dir,
+            ETC_NETNS.into(),
+            namespaces.clone(),
+            stop_rx.clone(),
+        ))
+    });
     let supervisors: Vec<_> = config
         .nodes
         .iter()
@@ -174,7 +188,7 @@ pub async fn run(
     shutdown.await;
     tracing::info!("stopping the agents");
     let _ = stop_tx.send(true);
-    for s in supervisors {
+    for s in supervisors.into_iter().chain(hosts) {
         let _ = s.await;
     }
     remove_namespaces(&config).await;
@@ -313,6 +327,12 @@ async fn remove_namespaces(config: &WorkerConfig) {
             Err(e) => tracing::warn!(namespace = %ns, error = %e, "removing a namespace failed"),
         }
     }
+    if config.hosts_dir.is_some() {
+        node_hosts::remove(
+            std::path::Path::new(ETC_NETNS),
+            config.nodes.iter().map(|n| config.netns(&n.name)),
+        );
+    }
     let groups = cgroup::remove_matching(&|g: &str| g.starts_with(&prefix));
     if removed + groups > 0 {
         tracing::info!(namespaces = removed, cgroups = groups, "removed");
@@ -330,6 +350,7 @@ mod tests {
             credential_dir: "/var/run/nextmini".into(),
             agent_binary: "/usr/local/bin/nextmini-agent".into(),
             nodes: vec![],
+            hosts_dir: None,
         }
     }
 

@@ -25,6 +25,10 @@ pub struct WorkerArgs {
     /// $NEXTMINI_AGENT_BIN).
     #[arg(long)]
     agent_binary: Option<PathBuf>,
+    /// Files in /etc/hosts format (the topology's hosts ConfigMaps); their
+    /// concatenation is every node's /etc/hosts, kept current.
+    #[arg(long)]
+    hosts_dir: Option<PathBuf>,
 }
 
 pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
@@ -39,6 +43,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         credential_dir: args.credential_dir,
         agent_binary,
         nodes,
+        hosts_dir: args.hosts_dir,
     };
     worker::run(config, nextmini_operator::shutdown::signal())
         .await
