@@ -463,10 +463,23 @@ fn operator_runs_line3_on_a_real_cluster() {
         !gone.status.success(),
         "the finalizer was removed and the object is gone"
     );
-    for object in ["service/nm-line3", "secret/nm-line3-credentials"] {
-        let out = c.kubectl(&["get", object]);
-        assert!(!out.status.success(), "{object} left behind");
-    }
+    assert!(
+        !c.kubectl(&["get", "service/nm-line3"]).status.success(),
+        "service left behind"
+    );
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "secrets",
+            "-l",
+            "nextmini.io/topology=line3",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "",
+        "Secrets left behind"
+    );
     assert_eq!(
         c.psql("SELECT count(*) FROM topologies WHERE name = 'line3'"),
         "0",
@@ -694,6 +707,7 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
     );
 
     recreated_topology_runs_its_new_parameters(c);
+    failures_show_on_the_topology(c);
 
     // kubectl delete leaves no pod, service, secret, row or finalizer.
     let t = Instant::now();
@@ -719,12 +733,23 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         t.elapsed().as_secs_f64()
     );
     assert!(!c.kubectl(&["get", "topology", "packed6"]).status.success());
-    for object in ["service/nm-packed6", "secret/nm-packed6-credentials"] {
-        assert!(
-            !c.kubectl(&["get", object]).status.success(),
-            "{object} left behind"
-        );
-    }
+    assert!(
+        !c.kubectl(&["get", "service/nm-packed6"]).status.success(),
+        "service left behind"
+    );
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "secrets,configmaps",
+            "-l",
+            "nextmini.io/topology=packed6",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "",
+        "Secrets or ConfigMaps left behind"
+    );
     assert_eq!(
         c.psql("SELECT count(*) FROM topologies WHERE name = 'packed6'"),
         "0",
@@ -999,4 +1024,206 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
         again * 1e3
     );
     c.ok(&["delete", "topology", "pair2", "--timeout=120s"]);
+}
+
+/// One condition of a topology: (status, reason, message).
+fn condition(c: &Cluster, topology: &str, type_: &str) -> (String, String, String) {
+    let field = |f: &str| {
+        c.ok(&[
+            "get",
+            "topology",
+            topology,
+            "-o",
+            &format!(r#"jsonpath={{.status.conditions[?(@.type=="{type_}")].{f}}}"#),
+        ])
+    };
+    (field("status"), field("reason"), field("message"))
+}
+
+/// The reasons of the Events on a topology.
+fn event_reasons(c: &Cluster, topology: &str) -> String {
+    c.ok(&[
+        "get",
+        "events",
+        "--field-selector",
+        &format!("involvedObject.kind=Topology,involvedObject.name={topology}"),
+        "-o",
+        "jsonpath={.items[*].reason}",
+    ])
+}
+
+/// Polls until `seen` holds, returning when it first did; panics with the
+/// topology's conditions after `timeout`.
+fn when(c: &Cluster, what: &str, timeout: Duration, mut seen: impl FnMut() -> bool) -> Instant {
+    c.wait_for(what, timeout, &mut seen);
+    Instant::now()
+}
+
+/// Issue 20.5: whatever stops a topology shows on it within seconds — Ready
+/// false with a reason and the words of whoever refused, and an Event — for
+/// an image that cannot be pulled, an object the API server refuses and a
+/// worker killed under the topology.
+fn failures_show_on_the_topology(c: &Cluster) {
+    // An image nobody can pull. From the kubelet reporting it to the
+    // topology saying it.
+    let bad = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: badimage}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: nextmini.invalid/no-such-image:0\n  nodes: [{name: p}, {name: q}]\n  links: [{endpoints: [p, q]}]\n";
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], bad);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let pulled = when(
+        c,
+        "the kubelet to fail the pull",
+        Duration::from_secs(120),
+        || {
+            let waiting = c.ok(&[
+                "get",
+                "pods",
+                "-l",
+                "nextmini.io/topology=badimage",
+                "-o",
+                "jsonpath={.items[*].status.containerStatuses[*].state.waiting.reason}",
+            ]);
+            // ErrImageNeverPull where the cluster pulls nothing (the suite's).
+            ["ErrImagePull", "ImagePullBackOff", "ErrImageNeverPull"]
+                .iter()
+                .any(|r| waiting.contains(r))
+        },
+    );
+    let shown = when(
+        c,
+        "the topology to name the pull failure",
+        Duration::from_secs(30),
+        || {
+            let (status, reason, message) = condition(c, "badimage", "Ready");
+            status == "False"
+                && reason == "PodsFailing"
+                && message.contains("badimage-worker-0 container worker: ")
+                && message.contains("no-such-image")
+        },
+    );
+    let pull_secs = shown.duration_since(pulled).as_secs_f64();
+    let (_, _, message) = condition(c, "badimage", "Ready");
+    println!(
+        "a failed pull showed on the Topology {pull_secs:.1} s after the kubelet reported it: {message}"
+    );
+    assert!(pull_secs <= 10.0, "{pull_secs:.1} s");
+    c.wait_for("a Degraded event", Duration::from_secs(10), || {
+        event_reasons(c, "badimage").contains("Degraded")
+    });
+    c.ok(&["delete", "topology", "badimage", "--timeout=120s"]);
+
+    // An object the API server refuses: a quota allowing no new Secret.
+    let quota_made = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        "apiVersion: v1\nkind: ResourceQuota\nmetadata: {name: nm-e2e-no-secrets}\nspec:\n  hard: {secrets: \"0\"}\n",
+    );
+    assert!(
+        quota_made.status.success(),
+        "{}",
+        String::from_utf8_lossy(&quota_made.stderr)
+    );
+    let quota = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: quota2}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  nodes: [{{name: p}}, {{name: q}}]\n  links: [{{endpoints: [p, q]}}]\n",
+        worker_image()
+    );
+    let t = Instant::now();
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &quota);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let shown = when(
+        c,
+        "the topology to show the refusal",
+        Duration::from_secs(30),
+        || {
+            let (status, reason, message) = condition(c, "quota2", "Ready");
+            status == "False"
+                && reason == "Forbidden"
+                && message.contains("exceeded quota: nm-e2e-no-secrets")
+        },
+    );
+    let (_, _, message) = condition(c, "quota2", "Ready");
+    println!(
+        "a refused Secret showed on the Topology {:.1} s after kubectl apply: {message}",
+        shown.duration_since(t).as_secs_f64()
+    );
+    assert!(shown.duration_since(t) <= Duration::from_secs(10));
+    c.wait_for("a Forbidden event", Duration::from_secs(10), || {
+        event_reasons(c, "quota2").contains("Forbidden")
+    });
+    // Nothing half-made: no pod, no row.
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=quota2",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        ""
+    );
+    assert_eq!(
+        c.psql("SELECT count(*) FROM topologies WHERE name = 'quota2'"),
+        "0"
+    );
+    // The quota gone, the retries succeed by themselves.
+    c.ok(&["delete", "resourcequota", "nm-e2e-no-secrets"]);
+    let t = Instant::now();
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/quota2",
+        "--timeout=180s",
+    ]);
+    println!(
+        "quota2 Ready {:.1} s after the quota went",
+        t.elapsed().as_secs_f64()
+    );
+    c.ok(&["delete", "topology", "quota2", "--timeout=120s"]);
+
+    // A worker killed under a running topology (as the OOM killer would).
+    c.ok(&[
+        "exec",
+        "packed6-worker-1",
+        "--",
+        "sh",
+        "-c",
+        "kill -KILL $(pidof nextmini)",
+    ]);
+    let t = Instant::now();
+    let shown = when(
+        c,
+        "the topology to name the restarted worker",
+        Duration::from_secs(30),
+        || {
+            let (status, _, message) = condition(c, "packed6", "Degraded");
+            status == "True"
+                && message.contains(
+                    "packed6-worker-1 container worker: restarted 1 time(s), last exit 137",
+                )
+        },
+    );
+    let (_, reason, message) = condition(c, "packed6", "Degraded");
+    println!(
+        "a killed worker showed on the Topology {:.1} s after the kill: {reason}: {message}",
+        shown.duration_since(t).as_secs_f64()
+    );
+    assert!(shown.duration_since(t) <= Duration::from_secs(10));
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/packed6",
+        "--timeout=120s",
+    ]);
+    println!(
+        "packed6 Ready again {:.1} s after the kill",
+        t.elapsed().as_secs_f64()
+    );
 }

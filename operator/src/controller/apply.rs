@@ -490,7 +490,16 @@ async fn observe(
             .filter(|n| n.agent_state == "connected" && n.acked_generation >= generation)
             .count() as u32;
         observed.links_total = row.links.len() as u32;
-        observed.links_up = row.links.iter().filter(|l| l.connected).count() as u32;
+        observed.links_down = ctx
+            .store
+            .links_not_forwarding(topology)
+            .await?
+            .into_iter()
+            .map(|l| format!("{}: {}", l.link, l.reason))
+            .collect();
+        observed.links_up = observed
+            .links_total
+            .saturating_sub(observed.links_down.len() as u32);
         observed.row_problems = row
             .problems
             .iter()

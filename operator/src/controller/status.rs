@@ -13,7 +13,11 @@ pub struct Observed {
     /// Agents connected and running the current generation.
     pub nodes_ready: u32,
     pub links_total: u32,
+    /// Links that forward: both ends connected and a probe across.
     pub links_up: u32,
+    /// The others, each with why (`b-c: connected, but no probe has crossed
+    /// it yet`).
+    pub links_down: Vec<String>,
     /// Pods that cannot run, with the reason (`line3-b: ImagePullBackOff`).
     pub pod_problems: Vec<String>,
     /// Pods (or the operator) that run but failed recently: restarts, OOM
@@ -40,6 +44,11 @@ pub struct Failure {
     pub reason: &'static str,
     pub message: String,
 }
+
+/// How long links may take to forward after every agent runs the spec
+/// before the topology counts as Degraded.
+pub const LINKS_GRACE: k8s_openapi::jiff::SignedDuration =
+    k8s_openapi::jiff::SignedDuration::from_secs(30);
 
 /// At most this many problems are named in one condition; the rest are
 /// counted, so a status stays small however many pods fail.
@@ -118,8 +127,27 @@ pub fn next(
             } else {
                 "LinksConnecting"
             },
-            format!("{}/{} links up", o.links_up, o.links_total),
+            if links_ok {
+                format!("{}/{} links forward", o.links_up, o.links_total)
+            } else {
+                format!(
+                    "{}/{} links forward; {}",
+                    o.links_up,
+                    o.links_total,
+                    summarize(&o.links_down)
+                )
+            },
         );
+        // Agents that have run the current spec for a while, with links that
+        // still do not forward: something between them is broken (an
+        // underlay that cannot connect, a peer that refuses the link).
+        let agents_ready_since = previous_conditions
+            .iter()
+            .find(|c| c.type_ == "NodesReady" && c.status == ConditionStatus::True)
+            .map(|c| c.last_transition_time.0);
+        let links_stuck = nodes_ok
+            && !links_ok
+            && agents_ready_since.is_some_and(|since| now.0.duration_since(since) >= LINKS_GRACE);
         if !o.pod_problems.is_empty() {
             let all: Vec<String> = o
                 .pod_problems
@@ -132,6 +160,19 @@ pub fn next(
                 ConditionStatus::True,
                 "PodsFailing",
                 summarize(&all),
+            );
+        } else if links_stuck {
+            push(
+                "Degraded",
+                ConditionStatus::True,
+                "LinksNotForwarding",
+                format!(
+                    "{} of {} links do not forward {} s after every agent ran the spec: {}",
+                    o.links_down.len(),
+                    o.links_total,
+                    LINKS_GRACE.as_secs(),
+                    summarize(&o.links_down)
+                ),
             );
         } else if !o.pod_warnings.is_empty() {
             push(
@@ -201,8 +242,16 @@ pub fn next(
             ConditionStatus::False,
             "Starting",
             format!(
-                "{}/{} agents ready, {}/{} links up",
-                o.nodes_ready, o.nodes_total, o.links_up, o.links_total
+                "{}/{} agents ready, {}/{} links forward{}",
+                o.nodes_ready,
+                o.nodes_total,
+                o.links_up,
+                o.links_total,
+                if o.links_down.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", summarize(&o.links_down))
+                }
             ),
         ),
     }
@@ -287,6 +336,9 @@ mod tests {
             nodes_ready: ready,
             links_total: 2,
             links_up: up,
+            links_down: (up..2)
+                .map(|i| format!("l{i}: connected, but no probe has crossed it yet"))
+                .collect(),
             pod_problems: vec![],
             pod_warnings: vec![],
             row_problems: vec![],
@@ -307,7 +359,10 @@ mod tests {
             at(10),
         );
         assert_eq!(get(&s, "Ready").status, ConditionStatus::False);
-        assert_eq!(get(&s, "LinksReady").message, "1/2 links up");
+        assert_eq!(
+            get(&s, "LinksReady").message,
+            "1/2 links forward; l1: connected, but no probe has crossed it yet"
+        );
         let s = next(
             Some(&s),
             Some(1),
@@ -463,13 +518,77 @@ mod tests {
         assert!(ready.message.contains("Too long"));
         assert_eq!(get(&s, "Planned").status, ConditionStatus::True);
         // What was observed before still shows, with its counts.
-        assert_eq!(get(&s, "LinksReady").message, "2/2 links up");
+        assert_eq!(get(&s, "LinksReady").message, "2/2 links forward");
         assert_eq!((s.nodes_ready, s.links_up), (3, 2));
         let again = next(Some(&s), Some(2), Planning::Failed(&failure), None, at(30));
         assert!(
             same_ignoring_time(&s, &again),
             "a repeated failure writes nothing"
         );
+    }
+
+    #[test]
+    fn links_that_never_forward_degrade_the_topology_naming_them() {
+        let starting = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 1)),
+            at(10),
+        );
+        assert_eq!(
+            get(&starting, "Degraded").status,
+            ConditionStatus::False,
+            "links get time"
+        );
+        assert!(
+            get(&starting, "Ready")
+                .message
+                .contains("l1: connected, but no probe")
+        );
+        let later = next(
+            Some(&starting),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 1)),
+            at(39),
+        );
+        assert_eq!(
+            get(&later, "Degraded").status,
+            ConditionStatus::False,
+            "29 s in"
+        );
+        let stuck = next(
+            Some(&later),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 1)),
+            at(40),
+        );
+        let d = get(&stuck, "Degraded");
+        assert_eq!(
+            (d.status, d.reason.as_str()),
+            (ConditionStatus::True, "LinksNotForwarding")
+        );
+        assert!(
+            d.message.contains("1 of 2 links do not forward 30 s after"),
+            "{}",
+            d.message
+        );
+        assert!(
+            d.message.contains("l1: connected, but no probe"),
+            "{}",
+            d.message
+        );
+        let fixed = next(
+            Some(&stuck),
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(50),
+        );
+        assert_eq!(get(&fixed, "Degraded").status, ConditionStatus::False);
+        assert_eq!(get(&fixed, "Ready").status, ConditionStatus::True);
     }
 
     #[test]
