@@ -18,6 +18,8 @@ mod socks;
 mod validate;
 
 #[cfg(test)]
+mod effects_tests;
+#[cfg(test)]
 mod flows_tests;
 #[cfg(test)]
 mod params_tests;

@@ -280,7 +280,23 @@ fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors)
 pub fn check_local(m: &super::Manifest) -> Result<(), ValidationErrors> {
     let mut errors = ValidationErrors::default();
     for doc in &m.topologies {
-        for (i, node) in doc.object.spec.nodes.iter().enumerate() {
+        let spec = &doc.object.spec;
+        // `placement: packed` on one machine is `netns` (DESIGN.md); what only
+        // shapes the worker pods of a cluster would have no effect here.
+        for (field, set) in [
+            ("spec.nodesPerWorker", spec.nodes_per_worker.is_some()),
+            ("spec.workers", spec.workers.is_some()),
+            ("spec.workerImage", spec.worker_image.is_some()),
+        ] {
+            if set {
+                errors.push(
+                    &doc.origin,
+                    field,
+                    "worker pods exist only in a cluster; in namespace mode every node is a network namespace on this machine: remove this field, or run the topology with kubectl apply",
+                );
+            }
+        }
+        for (i, node) in spec.nodes.iter().enumerate() {
             if !node.containers.is_empty() {
                 errors.push(
                     &doc.origin,
