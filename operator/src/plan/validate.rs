@@ -275,27 +275,36 @@ fn links<'d>(draft: &'d Draft, nodes: &[&'d str], errors: &mut ValidationErrors)
     Graph::new(nodes.iter().copied(), good)
 }
 
-/// What namespace mode (`nextmini up`, no cluster) cannot honour: a field it
-/// would otherwise accept and silently drop.
-pub fn check_local(m: &super::Manifest) -> Result<(), ValidationErrors> {
-    let mut errors = ValidationErrors::default();
+/// Fields namespace mode (`nextmini up`) accepts but cannot use, each as
+/// `<origin> <field>: why`: they shape the worker pods of a cluster, and the
+/// same YAML must run in both places, so they are named, not refused.
+pub fn local_warnings(m: &super::Manifest) -> Vec<String> {
+    let mut warnings = Vec::new();
     for doc in &m.topologies {
         let spec = &doc.object.spec;
-        // `placement: packed` on one machine is `netns` (DESIGN.md); what only
-        // shapes the worker pods of a cluster would have no effect here.
+        // `placement: packed` on one machine is `netns` (DESIGN.md).
         for (field, set) in [
             ("spec.nodesPerWorker", spec.nodes_per_worker.is_some()),
             ("spec.workers", spec.workers.is_some()),
             ("spec.workerImage", spec.worker_image.is_some()),
         ] {
             if set {
-                errors.push(
-                    &doc.origin,
-                    field,
-                    "worker pods exist only in a cluster; in namespace mode every node is a network namespace on this machine: remove this field, or run the topology with kubectl apply",
-                );
+                warnings.push(format!(
+                    "{} {field}: has no effect in namespace mode, where every node is a network namespace on this machine (worker pods exist only in a cluster)",
+                    doc.origin
+                ));
             }
         }
+    }
+    warnings
+}
+
+/// What namespace mode (`nextmini up`, no cluster) cannot honour: a field it
+/// would otherwise accept and silently drop.
+pub fn check_local(m: &super::Manifest) -> Result<(), ValidationErrors> {
+    let mut errors = ValidationErrors::default();
+    for doc in &m.topologies {
+        let spec = &doc.object.spec;
         for (i, node) in spec.nodes.iter().enumerate() {
             if !node.containers.is_empty() {
                 errors.push(

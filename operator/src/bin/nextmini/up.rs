@@ -40,6 +40,9 @@ pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
     let manifest = plan::parse_manifest(&source, &text).map_err(invalid)?;
     let plans = plan::plan_manifest(&manifest).map_err(invalid)?;
     plan::check_local(&manifest).map_err(invalid)?;
+    for w in plan::local_warnings(&manifest) {
+        eprintln!("warning: {w}");
+    }
     if plans.is_empty() {
         bail!("{source}: no Topology document");
     }
