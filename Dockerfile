@@ -1,7 +1,7 @@
 # The Nextmini image: the operator, the node agent and the CLI in one image.
-#   docker build -t docker.io/nextmini/nextmini:dev .
+#   docker build -t docker.io/nextmini/nextmini:0.1.0 .     (the chart's appVersion)
 # The worker image of packed topologies (spec.workerImage), with tools to run in the nodes:
-#   docker build --target worker -t docker.io/nextmini/worker:dev .
+#   docker build --target worker -t docker.io/nextmini/worker:0.1.0 .
 # `make kind` builds both, loads them into a kind cluster and installs the Helm chart.
 
 FROM rust:1-bookworm AS build
@@ -35,6 +35,11 @@ FROM nextmini AS worker
 RUN apt-get update \
  && apt-get install -y --no-install-recommends curl iputils-ping python3 iperf3 \
  && rm -rf /var/lib/apt/lists/*
+
+# The chart's default PostgreSQL image (postgresql.image): the official one, under the name
+# every images step gives it (`make images` builds the same from Debian's packages).
+#   docker build --target postgres -t docker.io/nextmini/postgres:0.1.0 .
+FROM docker.io/library/postgres:16 AS postgres
 
 # The default target stays the Nextmini image.
 FROM nextmini

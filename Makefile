@@ -135,9 +135,11 @@ clean: down
 # `make cluster-build` (e2e/cluster/build.sh) builds.
 HELM ?= $(shell command -v helm 2>/dev/null || echo /var/cache/nextmini/k8s/bin/helm)
 IMAGE_REPO ?= docker.io/nextmini/nextmini
-IMAGE_TAG ?= dev
+# The chart's appVersion: what its defaults run.
+IMAGE_TAG ?= $(shell sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$$/\1/p' helm/nextmini/Chart.yaml)
 IMAGE := $(IMAGE_REPO):$(IMAGE_TAG)
 WORKER_IMAGE ?= docker.io/nextmini/worker:$(IMAGE_TAG)
+POSTGRES_IMAGE ?= docker.io/nextmini/postgres:$(IMAGE_TAG)
 KIND_CLUSTER ?= nextmini
 # helm built by `go install` has no Kubernetes version stamped in (it assumes 1.20), so
 # `helm template` is told which version to render for.
@@ -161,17 +163,16 @@ helm-lint:
 kind:
 	docker build -t $(IMAGE) .
 	docker build --target worker -t $(WORKER_IMAGE) .
+	docker build --target postgres -t $(POSTGRES_IMAGE) .
 	kind get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || kind create cluster --name $(KIND_CLUSTER) --config kind-config.yaml
-	kind load docker-image $(IMAGE) $(WORKER_IMAGE) --name $(KIND_CLUSTER)
-	$(HELM) upgrade --install nextmini helm/nextmini -n nextmini --create-namespace \
-		--set image.repository=$(IMAGE_REPO) --set image.tag=$(IMAGE_TAG) \
-		--set image.pullPolicy=Never --wait
+	kind load docker-image $(IMAGE) $(WORKER_IMAGE) $(POSTGRES_IMAGE) --name $(KIND_CLUSTER)
+	$(HELM) upgrade --install nextmini helm/nextmini -n nextmini --create-namespace --wait
 	@echo "kind: try  kubectl apply -f manifests/examples/line3.yaml && kubectl wait --for=condition=Ready topology/line3 --timeout=180s"
 
 # A real single-node Kubernetes built from source, without Docker or a registry
 # (e2e/cluster/README.md): build into /var/cache/nextmini/k8s, start, stop, and the
 # project's images imported into its containerd. KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig.
-.PHONY: cluster-build cluster-up cluster-down images cluster-smoke
+.PHONY: cluster-build cluster-up cluster-down cluster-env images cluster-smoke
 
 cluster-build:
 	@e2e/cluster/build.sh
@@ -181,6 +182,10 @@ cluster-up: cluster-build
 
 cluster-down:
 	@e2e/cluster/down.sh
+
+# The environment to use the from-source cluster: eval "$(make -s cluster-env)".
+cluster-env:
+	@echo "export KUBECONFIG=$${NEXTMINI_K8S_STATE:-/var/lib/nextmini-k8s}/kubeconfig PATH=$${NEXTMINI_K8S_CACHE:-/var/cache/nextmini/k8s}/bin:\$$PATH"
 
 # Images from NEXTMINI_BIN_DIR (default target/release) and Debian's packages.
 images:

@@ -13,6 +13,8 @@
 #   registry.k8s.io/pause:3.9         the sandbox image (our pause program)
 #
 #   images.sh [--no-import] [nextmini|postgres|tools|worker|pause]...   (default: all)
+# Imported images are also tagged with the chart's appVersion, which its defaults
+# run. NEXTMINI_CONTAINERD_SOCK imports into another containerd (k3s's).
 # Tarballs are written to $NEXTMINI_K8S_CACHE/images.
 set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -165,6 +167,14 @@ for w in "${WANT[@]}"; do
   log "$w: $((SECONDS - t))s"
 done
 if ((${#IMPORT_ARGS[@]} == 0)); then
+  # The chart's defaults run its appVersion: the same images under that tag.
+  APP_VERSION=$(sed -n 's/^appVersion: *"\{0,1\}\([^"]*\)"\{0,1\}$/\1/p' "$HERE/../../helm/nextmini/Chart.yaml")
+  [[ -n $APP_VERSION ]] || die "no appVersion in helm/nextmini/Chart.yaml"
+  for w in "${WANT[@]}"; do
+    [[ $w == pause ]] && continue
+    "$BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images tag --force \
+      "docker.io/nextmini/$w:dev" "docker.io/nextmini/$w:$APP_VERSION" >/dev/null
+  done
   log "images in containerd (k8s.io):"
   "$BIN/ctr" --address "$CONTAINERD_SOCK" -n k8s.io images ls | awk 'NR > 1 && /nextmini|pause/ {print "  " $1, $4 $5}' >&2
 fi

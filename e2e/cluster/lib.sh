@@ -31,7 +31,9 @@ KUBERNETES_SVC_IP=198.19.224.1
 DNS_IP=198.19.224.10
 NODE_NAME=${NEXTMINI_K8S_NODE_NAME:-nextmini-node}
 
-CONTAINERD_SOCK=$STATE/containerd/containerd.sock
+# Another cluster's containerd (k3s: /run/k3s/containerd/containerd.sock) takes
+# the images the same way: NEXTMINI_CONTAINERD_SOCK=... make images.
+CONTAINERD_SOCK=${NEXTMINI_CONTAINERD_SOCK:-$STATE/containerd/containerd.sock}
 PAUSE_IMAGE=registry.k8s.io/pause:3.9
 
 if [[ -z ${GO:-} ]]; then

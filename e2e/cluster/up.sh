@@ -48,7 +48,10 @@ already_up() {
 
 if already_up; then
   log "cluster already up"
-  echo "export KUBECONFIG=$KUBECONFIG_ADMIN"
+  # What to use it with: its own kubectl and helm first on PATH (an older kubectl
+# elsewhere on the machine may not speak to this API server).
+echo "export KUBECONFIG=$KUBECONFIG_ADMIN PATH=$BIN:\$PATH"
+log "to use it:  eval \"\$(make -s cluster-env)\"   (KUBECONFIG=$KUBECONFIG_ADMIN, kubectl and helm from $BIN)"
   exit 0
 fi
 
@@ -428,4 +431,7 @@ wait_for kube-proxy "DNS answering on $DNS_IP" sh -c \
 for c in "${COMPONENTS[@]}"; do alive "$c" || fail "$c" "$c is not running"; done
 
 log "cluster up in $((SECONDS - _T0))s: node $NODE_NAME ($NODE_IP), containerd socket $CONTAINERD_SOCK"
-echo "export KUBECONFIG=$KUBECONFIG_ADMIN"
+# What to use it with: its own kubectl and helm first on PATH (an older kubectl
+# elsewhere on the machine may not speak to this API server).
+echo "export KUBECONFIG=$KUBECONFIG_ADMIN PATH=$BIN:\$PATH"
+log "to use it:  eval \"\$(make -s cluster-env)\"   (KUBECONFIG=$KUBECONFIG_ADMIN, kubectl and helm from $BIN)"

@@ -117,21 +117,32 @@ fn operator_runs_line3_on_a_real_cluster() {
     let c = Cluster::new("nm-e2e");
     let chart = repo_path("helm/nextmini");
     let chart = chart.to_str().expect("path");
-    let values = repo_path("helm/nextmini/ci/ci-values.yaml");
-    let values = values.to_str().expect("path");
+    // What the README tells a user of this cluster to set: it has no
+    // StorageClass. Everything else is the chart's defaults, including the
+    // images (`make images` tags them with the chart's appVersion).
+    let readme_values = ["--set", "postgresql.persistence.enabled=false"];
+
+    // Without that value, the install fails at once, naming it.
+    let refused = c.helm(&["install", &c.release, chart, "--dry-run=server"]);
+    let said = String::from_utf8_lossy(&refused.stderr);
+    assert!(
+        !refused.status.success()
+            && said.contains("postgresql.persistence: this cluster has no default StorageClass"),
+        "helm install without a StorageClass: {said}"
+    );
 
     // The rendered chart passes the API server's own schema checks.
     let version = c.server_version();
-    let rendered = c.helm_ok(&[
+    let mut template = vec![
         "template",
         &c.release,
         chart,
-        "-f",
-        values,
         "--include-crds",
         "--kube-version",
         &version,
-    ]);
+    ];
+    template.extend(readme_values);
+    let rendered = c.helm_ok(&template);
     let dry = c.kubectl_stdin(&["apply", "--dry-run=server", "-f", "-"], &rendered);
     assert!(
         dry.status.success(),
@@ -149,16 +160,9 @@ fn operator_runs_line3_on_a_real_cluster() {
         repo_path("crds/nextmini.yaml").to_str().expect("path"),
     ]);
     let t = Instant::now();
-    let installed = c.helm(&[
-        "install",
-        &c.release,
-        chart,
-        "-f",
-        values,
-        "--wait",
-        "--timeout",
-        "300s",
-    ]);
+    let mut install = vec!["install", &c.release, chart, "--wait", "--timeout", "300s"];
+    install.extend(readme_values);
+    let installed = c.helm(&install);
     if !installed.status.success() {
         let show = |args: &[&str]| String::from_utf8_lossy(&c.kubectl(args).stdout).into_owned();
         panic!(

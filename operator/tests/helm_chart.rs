@@ -821,7 +821,12 @@ fn chart_lints_strictly() {
 fn default_values_render_the_operator_rbac_postgresql_and_dashboards() {
     let docs = render(&["--include-crds"]);
     check_operator(&docs, RELEASE, "IfNotPresent", &app_version());
-    check_postgresql(&docs, "postgres:16", true);
+    // Every default image is one the images step builds, at the appVersion.
+    check_postgresql(
+        &docs,
+        &format!("docker.io/nextmini/postgres:{}", app_version()),
+        true,
+    );
     let op = env_vars(operator_container(&docs));
     assert!(
         !op.iter().any(|(n, _)| n == "NEXTMINI_WATCH_NAMESPACE"),

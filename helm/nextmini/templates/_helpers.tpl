@@ -130,3 +130,27 @@ variables defined earlier in the list).
       key: url
 {{- end }}
 {{- end -}}
+
+{{/*
+Fails the install when PostgreSQL's volume would wait forever: persistence on, no
+storageClass given, and a cluster without a default StorageClass. Only against a
+cluster: `helm template` and --dry-run=client look nothing up and pass.
+*/}}
+{{- define "nextmini.postgresql.requireStorageClass" -}}
+{{- $pg := .Values.postgresql -}}
+{{- if and $pg.persistence.enabled (not $pg.persistence.storageClass) -}}
+{{- $system := lookup "v1" "Namespace" "" "kube-system" -}}
+{{- if $system -}}
+{{- $default := false -}}
+{{- range (lookup "storage.k8s.io/v1" "StorageClass" "" "").items -}}
+{{- $annotations := .metadata.annotations | default dict -}}
+{{- if or (eq (get $annotations "storageclass.kubernetes.io/is-default-class") "true") (eq (get $annotations "storageclass.beta.kubernetes.io/is-default-class") "true") -}}
+{{- $default = true -}}
+{{- end -}}
+{{- end -}}
+{{- if not $default -}}
+{{- fail "postgresql.persistence: this cluster has no default StorageClass, so PostgreSQL's volume would stay Pending. Set postgresql.persistence.storageClass to one of `kubectl get storageclass`, or postgresql.persistence.enabled=false (the data then lives as long as the pod)" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
