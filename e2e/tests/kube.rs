@@ -705,10 +705,28 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         String::from_utf8_lossy(&ping.stdout),
         String::from_utf8_lossy(&ping.stderr)
     );
-    assert!(
-        ping.status.success() && shown.contains(" 0% packet loss"),
-        "ping a -> f: {shown}"
-    );
+    if !(ping.status.success() && shown.contains(" 0% packet loss")) {
+        let range = node_command(
+            c,
+            "packed6-worker-0",
+            "a",
+            &["cat", "/proc/sys/net/ipv4/ping_group_range"],
+        );
+        let log = c.kubectl(&["logs", "packed6-worker-0", "--tail=200"]);
+        panic!(
+            "ping a -> f: {shown}
+ping_group_range in a: {}{}
+worker log:
+{}",
+            String::from_utf8_lossy(&range.stdout),
+            String::from_utf8_lossy(&range.stderr),
+            String::from_utf8_lossy(&log.stdout)
+                .lines()
+                .filter(|l| !l.starts_with('['))
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
 
     recreated_topology_runs_its_new_parameters(c);
     failures_show_on_the_topology(c);

@@ -14,7 +14,7 @@ mod session;
 mod snapshot;
 mod tls;
 
-pub use snapshot::{TopologyView, Underlay, delta};
+pub use snapshot::{SentConfig, TopologyView, Underlay, delta};
 
 use crate::observe::Refusal;
 use crate::store::{Store, TOPOLOGY_CHANNEL};
@@ -538,7 +538,7 @@ fn bring_up_to_date(
     };
     let msg = entry
         .config
-        .as_deref()
+        .as_ref()
         .and_then(|before| delta(before, &next))
         .map(|mut d| {
             // The agent's generation, which advance_generation may have moved
@@ -551,7 +551,7 @@ fn bring_up_to_date(
     entry.report_interval_ms = new.plan.report_interval_ms;
     if entry.send(msg) {
         entry.generation = new.generation;
-        entry.config = Some(Arc::new(next));
+        entry.config = Some(SentConfig::of(&next));
     }
 }
 
@@ -628,7 +628,7 @@ impl Control for Hub {
             let snapshot = view
                 .snapshot(&hello.node)
                 .ok_or_else(|| Status::not_found(format!("no node {}", hello.node)))?;
-            let config = Arc::new(snapshot.clone());
+            let config = SentConfig::of(&snapshot);
             let mut entry = SessionEntry {
                 id,
                 pid: hello.pid,

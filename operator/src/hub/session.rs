@@ -17,9 +17,10 @@ pub(super) struct SessionEntry {
     pub tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>,
     /// Generation of the last snapshot or delta sent.
     pub generation: i64,
-    /// The config that generation gave this agent: the next delta is computed
-    /// against it, so a change costs one snapshot per agent, not two.
-    pub config: Option<Arc<pb::Snapshot>>,
+    /// What that generation gave this agent, as hashes: the next delta is
+    /// computed against it, so a change costs one snapshot per agent, not two,
+    /// and the hub holds no agent's whole config.
+    pub config: Option<super::snapshot::SentConfig>,
     /// Milliseconds since the hub started at which the agent last spoke.
     pub last_seen: Arc<AtomicU64>,
     pub topology_id: i64,

@@ -110,7 +110,7 @@ pub const PING_GROUP_RANGE: &str = "0 2147483647";
 pub fn allow_ping_sockets() {
     let path = "/proc/sys/net/ipv4/ping_group_range";
     if let Err(e) = std::fs::write(path, PING_GROUP_RANGE) {
-        tracing::debug!(%path, error = %e, "cannot allow ICMP echo sockets");
+        tracing::warn!(%path, error = %e, "cannot allow ICMP echo sockets: ping needs CAP_NET_RAW in this namespace");
     }
 }
 
