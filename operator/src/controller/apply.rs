@@ -139,7 +139,8 @@ async fn show_failure(topology: &Topology, ctx: &Context, error: &Error) {
 }
 
 /// Removes the topology's rows, pods, Service, Secrets and ConfigMaps (the
-/// owner references would remove the last three too, but later). A topology of the same name run by someone else is left alone.
+/// owner references would remove the last three too, but later). A topology
+/// of the same name run by someone else is left alone.
 pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let name = topology.name_any();

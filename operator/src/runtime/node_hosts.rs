@@ -36,7 +36,9 @@ pub fn write(etc_netns: &Path, namespaces: &[String], text: &str) -> std::io::Re
     for ns in namespaces {
         let dir = etc_netns.join(ns);
         std::fs::create_dir_all(&dir)?;
-        let staged = dir.join(".hosts.new");
+        // Staged beside the directory, not in it: `ip netns exec` mounts
+        // every file of the directory over its namesake in /etc.
+        let staged = etc_netns.join(format!(".{ns}.hosts.new"));
         std::fs::write(&staged, text)?;
         std::fs::rename(&staged, dir.join("hosts"))?;
     }
