@@ -46,12 +46,16 @@ already_up() {
   [[ $(kc get node "$NODE_NAME" -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' 2>/dev/null) == True ]]
 }
 
+# What to use the cluster with: its own kubectl and helm first on PATH (an
+# older kubectl elsewhere on the machine may not speak to this API server).
+print_env() {
+  echo "export KUBECONFIG=$KUBECONFIG_ADMIN PATH=$BIN:\$PATH"
+  log "to use it:  eval \"\$(make -s cluster-env)\"   (KUBECONFIG=$KUBECONFIG_ADMIN, kubectl and helm from $BIN)"
+}
+
 if already_up; then
   log "cluster already up"
-  # What to use it with: its own kubectl and helm first on PATH (an older kubectl
-# elsewhere on the machine may not speak to this API server).
-echo "export KUBECONFIG=$KUBECONFIG_ADMIN PATH=$BIN:\$PATH"
-log "to use it:  eval \"\$(make -s cluster-env)\"   (KUBECONFIG=$KUBECONFIG_ADMIN, kubectl and helm from $BIN)"
+  print_env
   exit 0
 fi
 
@@ -431,7 +435,4 @@ wait_for kube-proxy "DNS answering on $DNS_IP" sh -c \
 for c in "${COMPONENTS[@]}"; do alive "$c" || fail "$c" "$c is not running"; done
 
 log "cluster up in $((SECONDS - _T0))s: node $NODE_NAME ($NODE_IP), containerd socket $CONTAINERD_SOCK"
-# What to use it with: its own kubectl and helm first on PATH (an older kubectl
-# elsewhere on the machine may not speak to this API server).
-echo "export KUBECONFIG=$KUBECONFIG_ADMIN PATH=$BIN:\$PATH"
-log "to use it:  eval \"\$(make -s cluster-env)\"   (KUBECONFIG=$KUBECONFIG_ADMIN, kubectl and helm from $BIN)"
+print_env
