@@ -40,6 +40,9 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const SILENT_INTERVALS: u64 = 3;
 const SILENCE_MIN: Duration = Duration::from_secs(3);
 const RETENTION_EVERY: Duration = Duration::from_secs(30);
+/// How often the hub looks whether sessions or topologies went, to return
+/// their memory.
+const RETURN_MEMORY_EVERY: Duration = Duration::from_secs(5);
 /// How long agents a change does not touch wait for their delta.
 const UNAFFECTED_DELAY: Duration = Duration::from_millis(20);
 
@@ -165,6 +168,7 @@ impl Hub {
         tokio::spawn(self.clone().watch_changes());
         tokio::spawn(self.clone().watch_silence());
         tokio::spawn(self.clone().trim_metrics());
+        tokio::spawn(self.clone().return_memory());
     }
 
     fn now_ms(&self) -> u64 {
@@ -459,6 +463,34 @@ impl Hub {
                     tracing::warn!(error = %e, "marking silent agent failed");
                 }
             }
+        }
+    }
+
+    /// Gives the memory of gone sessions and views back to the system once
+    /// their number fell. glibc's allocator keeps freed memory in its
+    /// per-thread arenas: a hub that served 1,000 agents kept their 300 MB
+    /// after the topology was removed.
+    async fn return_memory(self) {
+        let mut tick = tokio::time::interval(RETURN_MEMORY_EVERY);
+        let mut held = (0, 0);
+        loop {
+            tick.tick().await;
+            let now = (
+                self.inner.sessions.lock().await.len(),
+                self.inner.views.lock().await.len(),
+            );
+            if now.0 < held.0 || now.1 < held.1 {
+                let before = crate::observe::process_rss_bytes();
+                crate::observe::return_free_memory();
+                tracing::debug!(
+                    sessions = now.0,
+                    views = now.1,
+                    rss_before = before,
+                    rss_after = crate::observe::process_rss_bytes(),
+                    "returned free memory"
+                );
+            }
+            held = now;
         }
     }
 

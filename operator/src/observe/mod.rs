@@ -11,11 +11,13 @@ pub mod graph;
 pub mod http;
 pub mod hub_metrics;
 pub mod load;
+pub mod memory;
 pub mod reconcile;
 pub mod sockets;
 pub mod targets;
 
 pub use hub_metrics::{HubMetrics, MessageDrop, ReconcileResult, Refusal, RowDrop};
+pub use memory::{process_rss_bytes, return_free_memory};
 
 /// Where the hub serves metrics unless told otherwise (the port Prometheus'
 /// own exporters conventionally leave for applications).
