@@ -54,12 +54,15 @@ test-kube:
 	  exit $$status; \
 	fi
 
-# Time to Ready of packed placement against one pod per node (6 and 60 nodes;
-# NEXTMINI_E2E_SCALE_NODES changes the sizes), on the local cluster like test-kube.
+# On the local cluster like test-kube: time to Ready of packed placement against one
+# pod per node (6 and 60 nodes; NEXTMINI_E2E_SCALE_NODES changes the sizes), and a
+# packed ring of 2,000 nodes (NEXTMINI_E2E_RING_NODES) with the operator's memory.
+# KUBE_BENCH=packed_ring_at_scale runs one of them.
+KUBE_BENCH ?=
 bench-kube:
 	@status=0; \
-	e2e/cluster/up.sh && NEXTMINI_BIN_DIR=$(CURDIR)/target/release e2e/cluster/images.sh nextmini postgres && \
-	KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test -p nextmini-e2e --test kube_scale -- --ignored --nocapture || status=1; \
+	e2e/cluster/up.sh && NEXTMINI_BIN_DIR=$(CURDIR)/target/release e2e/cluster/images.sh nextmini postgres worker && \
+	KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test -p nextmini-e2e --test kube_scale -- --ignored --nocapture --test-threads=1 $(KUBE_BENCH) || status=1; \
 	e2e/cluster/down.sh; \
 	exit $$status
 

@@ -122,3 +122,127 @@ fn ready_time_packed_against_pod_per_node() {
         }
     }
 }
+
+/// The operator process on this machine (the from-source cluster runs its
+/// containers as host processes): (VmRSS, VmHWM) in MiB, if found.
+fn operator_memory_mib() -> Option<(f64, f64)> {
+    let out = std::process::Command::new("pgrep")
+        .args(["-x", "nextmini-operat"])
+        .output()
+        .ok()?;
+    let pid = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()?
+        .trim()
+        .to_string();
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        let line = status.lines().find(|l| l.starts_with(name))?;
+        let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib / 1024.0)
+    };
+    Some((field("VmRSS:")?, field("VmHWM:")?))
+}
+
+/// Issue 20.4 and 20.6: a packed ring of `NEXTMINI_E2E_RING_NODES` (default
+/// 2,000) nodes on the cluster: Ready within 180 s, a web page fetched between
+/// the two farthest nodes, and the operator's memory with it running.
+#[test]
+#[ignore = "a benchmark on the cluster KUBECONFIG names; `make bench-kube` runs it"]
+fn packed_ring_at_scale() {
+    let nodes: u32 = std::env::var("NEXTMINI_E2E_RING_NODES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let c = Cluster::new("nm-ring");
+    let chart = repo_path("helm/nextmini");
+    c.ok(&[
+        "apply",
+        "--server-side",
+        "--force-conflicts",
+        "-f",
+        repo_path("crds/nextmini.yaml").to_str().expect("path"),
+    ]);
+    c.helm_ok(&[
+        "install",
+        &c.release,
+        chart.to_str().expect("path"),
+        "--set",
+        "postgresql.persistence.enabled=false",
+        "--wait",
+        "--timeout",
+        "300s",
+    ]);
+    let idle = operator_memory_mib();
+    let worker_image = std::env::var("NEXTMINI_E2E_WORKER_IMAGE")
+        .unwrap_or_else(|_| "docker.io/nextmini/worker:dev".into());
+    let yaml = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: ring}}\nspec:\n  placement: packed\n  nodesPerWorker: 50\n  workerImage: {worker_image}\n  generator: {{ring: {{nodes: {nodes}}}}}\n"
+    );
+    let ready = c.apply_until_ready(&yaml, "ring", "900s");
+    let running = operator_memory_mib();
+    let far = nodes / 2;
+    let worker_of = |i: u32| format!("ring-worker-{}", i / 50);
+    c.ok(&[
+        "exec",
+        &worker_of(far),
+        "--",
+        "sh",
+        "-c",
+        &format!("mkdir -p /tmp/www && echo far > /tmp/www/index.html && setsid nextmini exec n{far} -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &"),
+    ]);
+    let t = Instant::now();
+    let mut page = String::new();
+    while t.elapsed() < Duration::from_secs(60) && page.trim() != "far" {
+        let out = c.kubectl(&[
+            "exec",
+            &worker_of(0),
+            "--",
+            "nextmini",
+            "exec",
+            "n0",
+            "--",
+            "curl",
+            "-sS",
+            "--max-time",
+            "10",
+            &format!("http://n{far}:8000/"),
+        ]);
+        page = String::from_utf8_lossy(&out.stdout).into_owned();
+    }
+    let t = Instant::now();
+    c.ok(&["delete", "topology", "ring", "--timeout=600s"]);
+    c.wait_for("the ring's pods to go", Duration::from_secs(600), || {
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=ring",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .is_empty()
+    });
+    let gone = t.elapsed();
+    let after = operator_memory_mib();
+    let mib = |m: Option<(f64, f64)>| {
+        m.map(|(rss, hwm)| format!("{rss:.0} MiB (peak {hwm:.0})"))
+            .unwrap_or_else(|| "unknown".into())
+    };
+    println!(
+        "packed ring of {nodes} nodes ({} workers): Ready {:.1} s after apply; n0 -> n{far} curl: {}; gone {:.1} s after delete",
+        nodes.div_ceil(50),
+        ready.as_secs_f64(),
+        if page.trim() == "far" { "ok" } else { "FAILED" },
+        gone.as_secs_f64()
+    );
+    println!(
+        "operator memory: {} idle, {} with the ring running, {} after it was deleted",
+        mib(idle),
+        mib(running),
+        mib(after)
+    );
+    assert_eq!(page.trim(), "far", "n0 fetched the page of n{far}");
+    assert!(ready <= Duration::from_secs(180), "Ready after {ready:?}");
+}
