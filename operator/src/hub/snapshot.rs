@@ -1,7 +1,7 @@
 //! Builds an agent's snapshot from the plan: pure, so it is tested without a hub.
 
 use crate::plan::{
-    FlowAmount, FlowProtocol, LINK_PORT, MAX_PORT, Mapping, NextHop, Plan, RelayMode, Transport,
+    FlowAmount, FlowProtocol, LINK_PORT, MAX_PORT, Mapping, Plan, RelayMode, Transport,
 };
 use crate::store::{RouteRow, RouteRuleRow};
 use nextmini_proto::v1 as pb;
@@ -15,7 +15,9 @@ pub struct TopologyView {
     pub topology_id: i64,
     pub generation: i64,
     pub plan: Plan,
-    pub hops: BTreeMap<String, Vec<NextHop>>,
+    /// Per node (by index), the next hop to each node: (destination index,
+    /// link index or `plan::TO_ITSELF`).
+    hops: Vec<Vec<(u32, u32)>>,
     /// The topology's link certificate and key, handed to every agent.
     pub identity: Option<crate::store::LinkIdentity>,
     /// Explicit routes that follow the topology's links: route id → (path, the
@@ -126,7 +128,7 @@ fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
 
 impl TopologyView {
     pub fn new(plan: Plan, generation: i64) -> TopologyView {
-        let hops = crate::plan::next_hops(&plan);
+        let hops = crate::plan::next_hop_indices(&plan);
         let nodes = plan
             .nodes
             .iter()
@@ -175,7 +177,7 @@ impl TopologyView {
             flows,
         } = &self.plan;
         let o = &old.plan;
-        self.hops == old.hops
+        self.same_hops(old)
             && self.identity == old.identity
             && self.underlay == old.underlay
             && *topology == o.topology
@@ -188,9 +190,24 @@ impl TopologyView {
             && *flows == o.flows
     }
 
-    /// Adds explicit routes and rules. Routes that no longer follow the links
-    /// (the topology changed under them) are left out with a warning, and so are
-    /// the rules using them: that traffic takes the shortest path instead.
+    /// Whether every node's next hop to every node is the same link (by
+    /// name: link indices move when links come and go) as in `old`. Node
+    /// indices are compared as they are: `same_outside_affected` also needs
+    /// the same nodes.
+    fn same_hops(&self, old: &TopologyView) -> bool {
+        fn link(view: &TopologyView, i: u32) -> Option<&str> {
+            view.plan.links.get(i as usize).map(|l| l.name.as_str())
+        }
+        self.hops.len() == old.hops.len()
+            && self.hops.iter().zip(&old.hops).all(|(mine, theirs)| {
+                mine.len() == theirs.len()
+                    && mine
+                        .iter()
+                        .zip(theirs)
+                        .all(|(&(d, l), &(od, ol))| d == od && link(self, l) == link(old, ol))
+            })
+    }
+
     /// Adds the stored routes and rules. A route that does not follow the
     /// topology's links (a row the database's checks would refuse) keeps the
     /// path it had in `old`, the last good view, if that path still follows
@@ -364,22 +381,24 @@ impl TopologyView {
             })
             .collect();
         let destinations = self
-            .hops
+            .nodes
             .get(node)
+            .and_then(|&i| self.hops.get(i))
             .map(|hops| {
                 hops.iter()
-                    .filter_map(|h| {
-                        let (dst, overlay) = self.node(&h.dst)?;
+                    .filter_map(|&(dst, link)| {
+                        let dst = dst as usize;
                         Some(pb::DestinationRoute {
-                            node: dst.name.clone(),
-                            overlay_addr: overlay.to_owned(),
-                            next_hops: h
-                                .link
-                                .iter()
+                            node: plan.nodes.get(dst)?.name.clone(),
+                            overlay_addr: self.overlays.get(dst)?.clone(),
+                            next_hops: plan
+                                .links
+                                .get(link as usize)
                                 .map(|l| pb::NextHop {
-                                    link: l.clone(),
+                                    link: l.name.clone(),
                                     weight: 1,
                                 })
+                                .into_iter()
                                 .collect(),
                         })
                     })
