@@ -486,6 +486,20 @@ pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &
     .unwrap_or(0)
 }
 
+/// The fidelity guard's episodes of a topology so far, each as
+/// `link node→peer: reason` (oldest first).
+pub fn fidelity_episodes(env: &Env, topology: &str) -> Vec<String> {
+    env.psql(&format!(
+        "SELECT e.link || ' ' || e.node || '→' || e.peer || ': ' || e.reason \
+         FROM fidelity_episodes e JOIN topologies t ON t.id = e.topology_id \
+         WHERE t.name = '{topology}' ORDER BY e.id"
+    ))
+    .lines()
+    .filter(|l| !l.is_empty())
+    .map(str::to_owned)
+    .collect()
+}
+
 /// Generation of a topology and whether every agent has acknowledged it.
 pub fn all_acked(env: &Env, topology: &str) -> bool {
     env.psql(&format!(

@@ -5,8 +5,8 @@
 //! shares measured on UDP probes. Figures are printed for BENCHMARKS.md.
 
 use nextmini_e2e::{
-    Env, all_acked, iperf3, link_counter, ping_avg_ms, repo_path, sha256_file, tcp_goodput,
-    tcp_payload_ratio,
+    Env, all_acked, fidelity_episodes, iperf3, link_counter, ping_avg_ms, repo_path, sha256_file,
+    tcp_goodput, tcp_payload_ratio,
 };
 use std::time::{Duration, Instant};
 
@@ -85,9 +85,14 @@ fn links_match_their_configuration() {
             "fid",
             &two_nodes(&format!("rate: {mbit}Mbit\nqueue:\n  limit: 300pkt\n")),
         );
+        let episodes_before = fidelity_episodes(&env, "fid").len();
         let report = iperf3(&env, "a", &["-c", "b", "-t", "5", "-O", "1"]);
         let expected = mbit as f64 * 1e6 * tcp_payload_ratio(MTU);
         let measured = tcp_goodput(&report);
+        // The last window's report, then the guard's verdict on the run.
+        std::thread::sleep(Duration::from_millis(1500));
+        let episodes = fidelity_episodes(&env, "fid");
+        let new_episodes = &episodes[episodes_before..];
         let error = (measured - expected) / expected;
         table.push(format!(
             "| rate {mbit} Mbit/s (TCP goodput) | {:.2} Mbit/s | {:.2} Mbit/s | {:+.2}% |",
@@ -101,7 +106,13 @@ fn links_match_their_configuration() {
                 "rate {mbit} Mbit/s: goodput {measured:.0} vs {expected:.0} ({:+.2}%)",
                 error * 100.0
             );
+            // A link that delivered its rate with headroom: the guard stays silent.
+            assert!(
+                new_episodes.is_empty(),
+                "rate {mbit} Mbit/s: the fidelity guard fired on a faithful run: {new_episodes:?}"
+            );
         } else {
+            println!("rate {mbit} Mbit/s: fidelity guard said {new_episodes:?}");
             println!(
                 "rate {mbit} Mbit/s: the machine carries only {:.0} Mbit/s unshaped; checking that the shaper never exceeds the rate",
                 capacity / 1e6

@@ -23,6 +23,13 @@ pub struct LinkCounters {
     pub rtt_us: AtomicU64,
     /// Packets that reached the hop limit on their way out over this link.
     pub drops_loop: AtomicU64,
+    /// Packets handed to the connection later than the emulated link released
+    /// them, by more than the fidelity guard's bound.
+    pub late_packets: AtomicU64,
+    /// The worst lateness since the last report, nanoseconds.
+    pub max_late_ns: AtomicU64,
+    /// The fidelity guard's verdict on the last report window.
+    pub unfaithful: AtomicBool,
 }
 
 impl LinkCounters {
@@ -34,6 +41,12 @@ impl LinkCounters {
         self.ecn_marks.store(stats.ecn_marked, Relaxed);
         self.queue_packets.store(stats.queued.packets, Relaxed);
         self.queue_bytes.store(stats.queued.bytes, Relaxed);
+        self.late_packets.store(stats.late, Relaxed);
+    }
+
+    /// Folds the lateness of one poll into the report window's worst.
+    pub fn record_lateness(&self, ns: u64) {
+        self.max_late_ns.fetch_max(ns, Relaxed);
     }
 
     /// Counts what was sent as the packets it stands for on a wire: a
@@ -52,7 +65,8 @@ impl LinkCounters {
         self.drops.fetch_add(1, Relaxed);
     }
 
-    pub fn snapshot(&self, link: &str) -> pb::LinkCounters {
+    /// The counters for a report; starts a new window of the worst lateness.
+    pub fn report(&self, link: &str) -> pb::LinkCounters {
         pb::LinkCounters {
             link: link.to_string(),
             connected: self.connected.load(Relaxed),
@@ -70,6 +84,9 @@ impl LinkCounters {
             queue_bytes: self.queue_bytes.load(Relaxed),
             rtt_us: self.rtt_us.load(Relaxed),
             drops_loop: self.drops_loop.load(Relaxed),
+            late_packets: self.late_packets.load(Relaxed),
+            max_late_us: self.max_late_ns.swap(0, Relaxed) / 1000,
+            unfaithful: String::new(),
         }
     }
 }

@@ -13,6 +13,7 @@ use nextmini_proto::v1 as pb;
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -80,6 +81,8 @@ pub struct Dataplane {
     tun_offload: bool,
     /// Where the TUN device is made (the node's namespace).
     node_side: crate::node_side::NodeSide,
+    /// Judges every report window's links (fidelity.rs).
+    fidelity: crate::fidelity::Guard,
 }
 
 impl Dataplane {
@@ -107,6 +110,7 @@ impl Dataplane {
             current_node: pb::NodeConfig::default(),
             tun_offload: true,
             node_side: crate::node_side::NodeSide::here(),
+            fidelity: crate::fidelity::Guard::default(),
         }
     }
 
@@ -310,14 +314,30 @@ impl Dataplane {
         Ok(view)
     }
 
-    /// Per-link counters for the reporter.
-    pub fn link_counters(&self) -> Vec<pb::LinkCounters> {
+    /// Per-link counters for the reporter, each with the fidelity guard's
+    /// verdict on the window since the last call.
+    pub fn link_counters(&mut self) -> Vec<pb::LinkCounters> {
         let links = self.links.load();
         let mut out: Vec<_> = links
             .values()
-            .map(|l| l.counters.snapshot(&l.spec.name))
+            .map(|l| l.counters.report(&l.spec.name))
             .collect();
         out.sort_by(|a, b| a.link.cmp(&b.link));
+        self.fidelity.judge_report(&mut out);
+        for report in &out {
+            let Some(link) = links.get(&report.link) else {
+                continue;
+            };
+            let unfaithful = !report.unfaithful.is_empty();
+            if link.counters.unfaithful.swap(unfaithful, Relaxed) != unfaithful {
+                if unfaithful {
+                    tracing::warn!(link = %report.link, peer = %link.spec.peer_node, reason = %report.unfaithful,
+                        "the emulator, not the emulated link, limited this link's traffic");
+                } else {
+                    tracing::info!(link = %report.link, peer = %link.spec.peer_node, "link runs as configured again");
+                }
+            }
+        }
         out
     }
 

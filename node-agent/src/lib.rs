@@ -19,6 +19,7 @@ pub mod conn;
 pub mod control;
 pub mod counters;
 pub mod dataplane;
+pub mod fidelity;
 pub mod link;
 pub mod link_auth;
 pub mod listener;

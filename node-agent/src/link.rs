@@ -388,6 +388,8 @@ impl LinkTask {
                 .await
                 .map_err(|e| e.to_string())?;
         }
+        self.counters
+            .record_lateness(self.pipeline.take_max_lateness());
         self.counters.record_pipeline(self.pipeline.stats());
         Ok(next)
     }

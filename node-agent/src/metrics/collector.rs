@@ -150,7 +150,25 @@ impl Collector for DataplaneCollector {
             ),
             per_link(|c| get(&c.connects)),
         )?;
+        counters(
+            e,
+            &desc(
+                "nextmini_link_late_packets",
+                None,
+                "Packets handed to the connection more than 1 ms after the emulated link released them (the fidelity guard)",
+            ),
+            per_link(|c| get(&c.late_packets)),
+        )?;
         let as_f64 = |f: fn(&LinkCounters) -> u64| per_link(f).map(|(l, v)| (l, v as f64));
+        gauges(
+            e,
+            &desc(
+                "nextmini_link_faithful",
+                None,
+                "0 when, in the last report window, the emulator rather than the emulated link limited the traffic this node sent on the link (late departures, hand-off drops); else 1",
+            ),
+            as_f64(|c| u64::from(!c.unfaithful.load(std::sync::atomic::Ordering::Relaxed))),
+        )?;
         gauges(
             e,
             &desc(

@@ -42,7 +42,8 @@ pub use impair::{Action, Impairment, Release};
 pub use meta::PacketMeta;
 pub use payload::{Payload, ecn_field, is_ect, set_ce};
 pub use pipeline::{
-    DropCause, DropCounts, EnqueueOutcome, Parts, Pipeline, PipelineStats, Poll, QueueDepth,
+    DropCause, DropCounts, EnqueueOutcome, LATE_BOUND_NS, Parts, Pipeline, PipelineStats, Poll,
+    QueueDepth,
 };
 pub use queue::QueueState;
 pub use scheduler::Scheduler;

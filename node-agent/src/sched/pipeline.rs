@@ -23,6 +23,11 @@ use std::fmt;
 
 /// Transmission time of one packet assumed for RED's idle decay on an unlimited link.
 const UNLIMITED_TX_TIME_NS: u64 = 1_000;
+/// A packet handed out this much later than the emulated link released it
+/// counts as late (the fidelity guard's bound, DESIGN.md "Fidelity guard"). A
+/// busy but sufficient agent wakes within a few hundred microseconds; a late
+/// millisecond is a millisecond of delay nobody configured.
+pub const LATE_BOUND_NS: u64 = 1_000_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropCause {
@@ -85,6 +90,11 @@ pub struct PipelineStats {
     pub per_queue: Vec<QueueDepth>,
     /// Packets past the shaper, waiting out their delay.
     pub in_flight: u64,
+    /// Packets handed out more than [`LATE_BOUND_NS`] after the emulated link
+    /// released them: the owner polled too late (it had no CPU, or too much to do).
+    pub late: u64,
+    /// The worst lateness since [`Pipeline::take_max_lateness`] was last called.
+    pub max_lateness_ns: u64,
 }
 
 /// The schemes a pipeline is made of; build them from `LinkParams` with
@@ -287,6 +297,9 @@ impl<P: Payload> Pipeline<P> {
     pub fn poll_into(&mut self, now: u64, out: &mut Vec<P>) -> Option<u64> {
         self.advance(now);
         while let Some(slot) = self.wire.pop_due(now) {
+            let lateness = now.saturating_sub(slot.at);
+            self.stats.late += u64::from(lateness > LATE_BOUND_NS);
+            self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
             self.stats.sent_packets += 1;
             self.stats.sent_bytes += u64::from(slot.len);
             out.push(slot.payload);
@@ -456,6 +469,11 @@ impl<P: Payload> Pipeline<P> {
 impl<P> Pipeline<P> {
     pub fn stats(&self) -> &PipelineStats {
         &self.stats
+    }
+
+    /// The worst lateness since the last call, and starts a new window.
+    pub fn take_max_lateness(&mut self) -> u64 {
+        std::mem::take(&mut self.stats.max_lateness_ns)
     }
 
     /// See [`LinkConfig::passes_aggregates`]; never for custom parts, whose

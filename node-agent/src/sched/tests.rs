@@ -634,3 +634,29 @@ fn works_with_bytes_payloads() {
     let out = pl.poll(10 * SEC).packets;
     assert_eq!(out.iter().filter(|p| ecn_field(p) == Some(0b11)).count(), 1);
 }
+
+#[test]
+fn packets_handed_out_late_are_counted_for_the_fidelity_guard() {
+    let mut pl = pipeline(&pb::LinkParams {
+        delay_us: 2_000,
+        ..Default::default()
+    });
+    offer(&mut pl, [1, 2], 0);
+    // Polled on time: nothing is late.
+    let on_time = run_to_idle(&mut pl, 0);
+    assert_eq!(on_time.len(), 2);
+    assert_eq!(pl.stats().late, 0);
+    assert_eq!(pl.take_max_lateness(), 0);
+    // The owner comes back 5 ms after the release instant (it had no CPU).
+    offer(&mut pl, [3], 10 * MS);
+    let late = pl.poll(17 * MS);
+    assert_eq!(late.packets.len(), 1);
+    assert_eq!(pl.stats().late, 1);
+    assert_eq!(pl.take_max_lateness(), 5 * MS);
+    // A new window starts clean; lateness within the bound is not counted.
+    assert_eq!(pl.take_max_lateness(), 0);
+    offer(&mut pl, [4], 20 * MS);
+    pl.poll(22 * MS + LATE_BOUND_NS);
+    assert_eq!(pl.stats().late, 1);
+    assert_eq!(pl.take_max_lateness(), LATE_BOUND_NS);
+}

@@ -254,6 +254,11 @@ pub struct FlowStatus {
     /// Instances that ended without sending everything.
     #[serde(default)]
     pub failed: u32,
+    /// Instances that ran while the emulator, not the emulated links, limited
+    /// some link's traffic (the fidelity guard; see the Topology's `Faithful`
+    /// condition): their figures may measure the emulator.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub unfaithful: u32,
     /// Median flow completion time of the completed instances, e.g. `12.5ms`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fct_p50: Option<Duration>,
@@ -263,4 +268,8 @@ pub struct FlowStatus {
     /// Current conditions of the flow.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub conditions: Vec<Condition>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -506,6 +506,13 @@ async fn observe(
             .iter()
             .map(|p| format!("{}: {}; {}", p.subject, p.problem, p.consequence))
             .collect();
+        observed.unfaithful_now = row.unfaithful.iter().any(|e| e.ongoing());
+        let (ongoing, ended): (Vec<_>, Vec<_>) = row.unfaithful.iter().partition(|e| e.ongoing());
+        observed.unfaithful = ongoing
+            .into_iter()
+            .chain(ended)
+            .map(|e| e.describe())
+            .collect();
     }
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
         .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
@@ -550,6 +557,9 @@ async fn write_status(
     let was_degraded = status::condition(previous, "Degraded")
         .filter(|c| c.status == ConditionStatus::True)
         .map(|c| c.message.clone());
+    let was_unfaithful = status::condition(previous, "Faithful")
+        .filter(|c| c.status == ConditionStatus::False)
+        .map(|c| c.reason.clone());
     let api = Api::<Topology>::namespaced(
         ctx.client.clone(),
         &topology.namespace().unwrap_or_default(),
@@ -577,6 +587,20 @@ async fn write_status(
         && was_degraded.as_deref() != Some(d.message.as_str())
     {
         publish(ctx, topology, EventType::Warning, "Degraded", &d.message).await;
+    }
+    // An episode starting is an event; its window sliding by is not.
+    if let Some(f) = status::condition(Some(&next), "Faithful")
+        .filter(|f| f.status == ConditionStatus::False && f.reason == "EmulatorLimited")
+        && was_unfaithful.as_deref() != Some("EmulatorLimited")
+    {
+        publish(
+            ctx,
+            topology,
+            EventType::Warning,
+            "EmulatorLimited",
+            &f.message,
+        )
+        .await;
     }
     Ok(ready)
 }

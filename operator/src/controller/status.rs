@@ -26,6 +26,12 @@ pub struct Observed {
     /// Stored rows the hub cannot run as written (`links s-y params_forward:
     /// ...; runs its last good parameters`).
     pub row_problems: Vec<String>,
+    /// Links whose traffic the emulator rather than the emulated link
+    /// limited, now or within the last minute (`s-y (n0 → n1): why`), ongoing
+    /// ones first: the fidelity guard's episodes.
+    pub unfaithful: Vec<String>,
+    /// Whether any of them is still going on.
+    pub unfaithful_now: bool,
 }
 
 /// The outcome of planning, for the `Planned` condition.
@@ -189,6 +195,34 @@ pub fn next(
                 "no pod is failing".into(),
             );
         }
+        if o.unfaithful.is_empty() {
+            push(
+                "Faithful",
+                ConditionStatus::True,
+                "Faithful",
+                "no agent saw the emulator limit a link's traffic in the last minute".into(),
+            );
+        } else {
+            push(
+                "Faithful",
+                ConditionStatus::False,
+                if o.unfaithful_now {
+                    "EmulatorLimited"
+                } else {
+                    "EmulatorLimitedRecently"
+                },
+                format!(
+                    "the emulator, not the emulated network, limited {} link direction(s){}; results measured then may be wrong: {}",
+                    o.unfaithful.len(),
+                    if o.unfaithful_now {
+                        ""
+                    } else {
+                        " in the last minute"
+                    },
+                    summarize(&o.unfaithful)
+                ),
+            );
+        }
         if o.row_problems.is_empty() {
             push(
                 "RowsValid",
@@ -342,6 +376,7 @@ mod tests {
             pod_problems: vec![],
             pod_warnings: vec![],
             row_problems: vec![],
+            ..Observed::default()
         }
     }
 
@@ -604,5 +639,36 @@ mod tests {
             summarize(&problems[..2]),
             "ring-worker-0: OOMKilled; ring-worker-1: OOMKilled"
         );
+    }
+
+    #[test]
+    fn the_emulator_limiting_a_link_makes_the_topology_unfaithful_naming_it() {
+        let calm = next(
+            None,
+            Some(1),
+            Planning::Planned,
+            Some(&observed(3, 2)),
+            at(0),
+        );
+        let f = get(&calm, "Faithful");
+        assert_eq!(f.status, ConditionStatus::True);
+        let mut o = observed(3, 2);
+        o.unfaithful =
+            vec!["a-b (a → b): 900 of 2000 packets (45%) left more than 1 ms late".into()];
+        o.unfaithful_now = true;
+        let limited = next(Some(&calm), Some(1), Planning::Planned, Some(&o), at(10));
+        let f = get(&limited, "Faithful");
+        assert_eq!(f.status, ConditionStatus::False);
+        assert_eq!(f.reason, "EmulatorLimited");
+        assert!(
+            f.message.contains("a-b (a → b): 900 of 2000"),
+            "{}",
+            f.message
+        );
+        // Faithfulness is not readiness: the topology still forwards.
+        assert_eq!(get(&limited, "Ready").status, ConditionStatus::True);
+        o.unfaithful_now = false;
+        let after = next(Some(&limited), Some(1), Planning::Planned, Some(&o), at(20));
+        assert_eq!(get(&after, "Faithful").reason, "EmulatorLimitedRecently");
     }
 }

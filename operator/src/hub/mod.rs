@@ -7,6 +7,7 @@
 //! marks agents that fall silent.
 
 mod batcher;
+mod fidelity;
 mod observability;
 mod params;
 mod repair;

@@ -67,6 +67,7 @@ pub(super) async fn run(
     let (topology, node) = &key;
     let mut last_sequence = 0u64;
     let mut flows = FlowStart::default();
+    let mut episodes = super::fidelity::Episodes::default();
     loop {
         let msg = match inbound.message().await {
             Ok(Some(m)) => m,
@@ -124,6 +125,9 @@ pub(super) async fn run(
                 hub.inner.metrics.report_received();
                 let at = chrono::DateTime::from_timestamp_millis(report.unix_ms as i64)
                     .unwrap_or_else(chrono::Utc::now);
+                episodes
+                    .on_report(&hub.inner.store, topology_id, node, at, &report.links)
+                    .await;
                 let rows = report
                     .links
                     .into_iter()
@@ -146,6 +150,7 @@ pub(super) async fn run(
             None => {}
         }
     }
+    episodes.end(&hub.inner.store).await;
     let mut sessions = hub.inner.sessions.lock().await;
     if sessions.get(&key).is_some_and(|e| e.id == id) {
         sessions.remove(&key);
@@ -186,6 +191,8 @@ fn counter_row(
         queue_packets: l.queue_packets,
         queue_bytes: l.queue_bytes,
         rtt_us: l.rtt_us,
+        late_packets: l.late_packets,
+        unfaithful: l.unfaithful,
         at,
     }
 }

@@ -23,6 +23,9 @@ pub struct CounterRow {
     pub queue_packets: u64,
     pub queue_bytes: u64,
     pub rtt_us: u64,
+    pub late_packets: u64,
+    /// The fidelity guard's verdict on the report's window ('' = faithful).
+    pub unfaithful: String,
     /// When the agent read the counters.
     pub at: chrono::DateTime<chrono::Utc>,
 }
@@ -39,7 +42,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
     for chunk in rows.chunks(2000) {
         let mut qb = sqlx::QueryBuilder::new(
             "INSERT INTO link_counters (topology_id, link, node, connected, tx_bytes, tx_packets, rx_bytes, rx_packets, drops, connects, \
-              drops_queue, drops_aqm, drops_loss, drops_loop, ecn_marks, queue_packets, queue_bytes) ",
+              drops_queue, drops_aqm, drops_loss, drops_loop, ecn_marks, queue_packets, queue_bytes, late_packets, unfaithful) ",
         );
         qb.push_values(chunk, |mut b, r| {
             b.push_bind(r.topology_id)
@@ -58,7 +61,9 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
                 .push_bind(r.drops_loop as i64)
                 .push_bind(r.ecn_marks as i64)
                 .push_bind(r.queue_packets as i64)
-                .push_bind(r.queue_bytes as i64);
+                .push_bind(r.queue_bytes as i64)
+                .push_bind(r.late_packets as i64)
+                .push_bind(&r.unfaithful);
         });
         qb.push(
             " ON CONFLICT (topology_id, link, node) DO UPDATE SET connected = EXCLUDED.connected, \
@@ -66,7 +71,7 @@ pub(super) async fn upsert(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
               rx_packets = EXCLUDED.rx_packets, drops = EXCLUDED.drops, connects = EXCLUDED.connects, \
               drops_queue = EXCLUDED.drops_queue, drops_aqm = EXCLUDED.drops_aqm, drops_loss = EXCLUDED.drops_loss, drops_loop = EXCLUDED.drops_loop, \
               ecn_marks = EXCLUDED.ecn_marks, queue_packets = EXCLUDED.queue_packets, queue_bytes = EXCLUDED.queue_bytes, \
-              updated_at = now()",
+              late_packets = EXCLUDED.late_packets, unfaithful = EXCLUDED.unfaithful, updated_at = now()",
         );
         if let Err(e) = qb.build().execute(pool).await {
             // A topology deleted between report and write violates the foreign key;

@@ -58,6 +58,9 @@ pub struct FlowResultRow {
     pub throughput_bps: Option<f64>,
     pub retransmissions: Option<i64>,
     pub error: Option<String>,
+    /// The fidelity guard saw the emulator limit some link of the topology
+    /// while the flow ran: its figures may measure the emulator.
+    pub unfaithful: bool,
 }
 
 /// A flow as defined now, with how many instances it has.
@@ -333,8 +336,8 @@ pub(super) async fn results(
 ) -> Result<Vec<FlowResultRow>> {
     let rows = sqlx::query(
         "SELECT t.name AS topology, r.flow, r.instance, r.src, r.dst, r.protocol, r.size_bytes, r.bytes, \
-           r.received_bytes, r.started_at, r.finished_at, r.fct_us, r.throughput_bps, r.retransmissions, r.error \
-         FROM flow_results r JOIN topologies t ON t.id = r.topology_id \
+           r.received_bytes, r.started_at, r.finished_at, r.fct_us, r.throughput_bps, r.retransmissions, r.error, r.unfaithful \
+         FROM flow_results_checked r JOIN topologies t ON t.id = r.topology_id \
          WHERE ($1::text IS NULL OR t.name = $1) AND ($2::text IS NULL OR r.flow = $2) \
          ORDER BY t.name, r.flow, r.instance",
     )
@@ -360,6 +363,7 @@ pub(super) async fn results(
             throughput_bps: r.get("throughput_bps"),
             retransmissions: r.get("retransmissions"),
             error: r.get("error"),
+            unfaithful: r.get("unfaithful"),
         })
         .collect())
 }
@@ -420,6 +424,7 @@ pub fn flow_status(count: u32, results: &[&FlowResultRow]) -> crate::api::FlowSt
         total: count,
         completed,
         failed,
+        unfaithful: results.iter().filter(|r| r.unfaithful).count() as u32,
         fct_p50: percentile(50.0),
         fct_p99: percentile(99.0),
         ..FlowStatus::default()
@@ -447,6 +452,7 @@ mod tests {
             throughput_bps: None,
             retransmissions: Some(0),
             error: error.map(str::to_owned),
+            unfaithful: false,
         }
     }
 

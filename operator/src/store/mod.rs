@@ -5,6 +5,7 @@
 
 mod counters;
 mod faults;
+mod fidelity;
 mod flows;
 mod forwarding;
 pub mod identity;
@@ -16,6 +17,7 @@ mod status;
 
 pub use counters::CounterRow;
 pub use faults::{FaultyPart, RowFault, TopologyProblem};
+pub use fidelity::{FIDELITY_HOLD_SECS, FidelityEpisode};
 pub use flows::{FlowResultRow, FlowRow, Readiness, ReceivedRow, SentRow, flow_status, route_name};
 pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
@@ -409,6 +411,37 @@ impl Store {
     /// The topology's links that do not forward yet, each with the reason.
     pub async fn links_not_forwarding(&self, topology: &str) -> Result<Vec<LinkNotForwarding>> {
         forwarding::links_not_forwarding(&self.pool, topology).await
+    }
+
+    /// Starts a fidelity episode of `node`'s direction of `link`; returns its id.
+    pub async fn open_fidelity_episode(
+        &self,
+        topology_id: i64,
+        link: &str,
+        node: &str,
+        started_at: chrono::DateTime<chrono::Utc>,
+        at: chrono::DateTime<chrono::Utc>,
+        reason: &str,
+    ) -> Result<i64> {
+        fidelity::open(&self.pool, topology_id, link, node, started_at, at, reason).await
+    }
+
+    pub async fn extend_fidelity_episode(
+        &self,
+        id: i64,
+        at: chrono::DateTime<chrono::Utc>,
+        reason: &str,
+    ) -> Result<()> {
+        fidelity::extend(&self.pool, id, at, reason).await
+    }
+
+    /// Ends episodes at `at`, or where they were last seen when `None`.
+    pub async fn close_fidelity_episodes(
+        &self,
+        ids: &[i64],
+        at: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Result<()> {
+        fidelity::close(&self.pool, ids, at).await
     }
 
     /// Records the agent's stream state (`connected` / `disconnected`).

@@ -12,6 +12,9 @@ pub struct TopologyStatusRow {
     pub links: Vec<LinkStatusRow>,
     /// Rows the hub could not run as written, and what runs instead.
     pub problems: Vec<super::TopologyProblem>,
+    /// Links whose traffic the emulator limited, now or within
+    /// [`super::FIDELITY_HOLD_SECS`]: the fidelity guard's episodes.
+    pub unfaithful: Vec<super::FidelityEpisode>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -106,6 +109,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         nodes,
         links,
         problems: problems(pool, name).await?,
+        unfaithful: super::fidelity::recent(pool, id).await?,
     }))
 }
 

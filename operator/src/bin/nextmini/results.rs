@@ -155,6 +155,7 @@ fn print_table(summaries: &[Summary]) {
         "P99 FCT",
         "MEAN TPUT",
         "RETX",
+        "UNFAITHFUL",
     ]);
     for s in summaries {
         let done: Vec<&&FlowResultRow> = s.rows.iter().filter(|r| r.fct_us.is_some()).collect();
@@ -186,9 +187,17 @@ fn print_table(summaries: &[Summary]) {
             fct(&s.status.fct_p99),
             mean_tput,
             retx.to_string(),
+            s.status.unfaithful.to_string(),
         ]);
     }
     println!("{table}");
+    let unfaithful: u32 = summaries.iter().map(|s| s.status.unfaithful).sum();
+    if unfaithful > 0 {
+        println!(
+            "{unfaithful} instance(s) ran while the emulator, not the emulated links, limited traffic: \
+             their figures may measure the emulator (`nextmini status` names the links and why)"
+        );
+    }
 }
 
 fn rate(bps: f64) -> String {
@@ -214,7 +223,7 @@ fn bytes_text(b: i64) -> String {
     }
 }
 
-const CSV_HEADER: &str = "topology,flow,instance,src,dst,protocol,size_bytes,bytes,received_bytes,started_unix_us,finished_unix_us,fct_us,throughput_bps,retransmissions,error";
+const CSV_HEADER: &str = "topology,flow,instance,src,dst,protocol,size_bytes,bytes,received_bytes,started_unix_us,finished_unix_us,fct_us,throughput_bps,retransmissions,error,unfaithful";
 
 fn write_csv(path: &Path, rows: &[FlowResultRow]) -> anyhow::Result<()> {
     let mut out = std::io::BufWriter::new(std::fs::File::create(path)?);
@@ -246,6 +255,7 @@ fn csv_line(r: &FlowResultRow) -> String {
             .unwrap_or_default(),
         opt(r.retransmissions),
         csv_field(r.error.as_deref().unwrap_or("")),
+        r.unfaithful.to_string(),
     ]
     .join(",")
 }
@@ -517,10 +527,11 @@ mod tests {
             throughput_bps: Some(4e8),
             retransmissions: Some(0),
             error: None,
+            unfaithful: false,
         };
         assert_eq!(
             csv_line(&row),
-            "t,f,3,a,c,tcp,1000,1000,,5,25,20,400000000,0,"
+            "t,f,3,a,c,tcp,1000,1000,,5,25,20,400000000,0,,false"
         );
         assert_eq!(
             csv_line(&row).split(',').count(),

@@ -151,6 +151,40 @@ fn print_topology(
         }
         println!("{problems}");
     }
+    print_fidelity(t);
+}
+
+/// The fidelity guard's episodes: when the emulator, not the emulated
+/// network, limited a link, the figures of that time measure the emulator.
+fn print_fidelity(t: &TopologyStatusRow) {
+    if t.unfaithful.is_empty() {
+        println!(
+            "faithful: no agent saw the emulator limit a link's traffic in the last {} s",
+            nextmini_operator::store::FIDELITY_HOLD_SECS
+        );
+        return;
+    }
+    println!(
+        "
+NOT FAITHFUL: the emulator, not the emulated network, limited {} link direction(s) in the last {} s; \
+         results measured then may be wrong (give the agents more CPU, or emulate fewer or slower links):",
+        t.unfaithful.len(),
+        nextmini_operator::store::FIDELITY_HOLD_SECS
+    );
+    let mut table = Table::new();
+    table.load_preset(UTF8_BORDERS_ONLY);
+    table.set_header(["LINK", "DIRECTION", "SINCE", "UNTIL", "WHY"]);
+    for e in &t.unfaithful {
+        table.add_row([
+            e.link.clone(),
+            format!("{} → {}", e.node, e.peer),
+            e.started_at.format("%H:%M:%S").to_string(),
+            e.ended_at
+                .map_or("ongoing".to_string(), |t| t.format("%H:%M:%S").to_string()),
+            e.reason.clone(),
+        ]);
+    }
+    println!("{table}");
 }
 
 fn human_bytes(n: i64) -> String {

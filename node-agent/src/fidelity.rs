@@ -1,0 +1,371 @@
+//! The fidelity guard: after every report window, each direction of each link
+//! this agent sends on is judged faithful or not. Only the agent can see when
+//! it, rather than the emulated network, limited the traffic: packets that
+//! left its pipeline later than the emulated link released them, packets it
+//! dropped before the link's configured queue because its link task fell
+//! behind, and the CPU its threads waited for or were denied by a CPU limit.
+//! The verdict travels in the report (`LinkCounters.unfaithful`); the hub keeps
+//! episodes of it and the Topology shows them (DESIGN.md, "Fidelity guard").
+
+use crate::sched::LATE_BOUND_NS;
+use nextmini_proto::v1 as pb;
+use std::collections::HashMap;
+use std::time::Instant;
+
+/// Late packets below this count in one window are noise (one slow wake-up),
+/// not a limit on the traffic.
+const MIN_LATE_PACKETS: u64 = 10;
+/// ... and so is a late share below this, in percent of the packets sent.
+const MIN_LATE_PERCENT: u64 = 1;
+
+/// What one direction of one link did in one window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Window {
+    pub sent: u64,
+    pub late: u64,
+    pub max_late_ns: u64,
+    /// Packets dropped before the pipeline: the hand-off queue was full.
+    pub handoff_drops: u64,
+}
+
+/// What the agent's threads went through in the same window.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CpuWindow {
+    pub wall_ns: u64,
+    /// Time runnable but waiting for a CPU, summed over threads.
+    pub waited_ns: u64,
+    /// Time the agent's cgroup was stopped by its CPU limit.
+    pub throttled_ns: u64,
+}
+
+/// Why the window was not faithful, or `None`.
+pub fn judge(w: &Window, cpu: &CpuWindow) -> Option<String> {
+    let mut causes = Vec::new();
+    let late_share = w.late * 100 / w.sent.max(1);
+    if w.late >= MIN_LATE_PACKETS && late_share >= MIN_LATE_PERCENT {
+        causes.push(format!(
+            "{} of {} packets ({late_share}%) left more than {} ms after the link released them (worst {:.1} ms)",
+            w.late,
+            w.sent,
+            LATE_BOUND_NS / 1_000_000,
+            w.max_late_ns as f64 / 1e6
+        ));
+    }
+    if w.handoff_drops > 0 {
+        causes.push(format!(
+            "{} packets dropped before the link's queue (its task fell behind)",
+            w.handoff_drops
+        ));
+    }
+    if causes.is_empty() {
+        return None;
+    }
+    if let Some(why) = cpu.explain() {
+        causes.push(why);
+    }
+    Some(causes.join("; "))
+}
+
+impl CpuWindow {
+    /// Seconds, not percentages: both figures are sums over threads or CPUs
+    /// and can exceed the window.
+    fn explain(&self) -> Option<String> {
+        const NOTICEABLE_NS: u64 = 1_000_000;
+        let secs = |ns: u64| ns as f64 / 1e9;
+        let mut parts = Vec::new();
+        if self.waited_ns >= NOTICEABLE_NS {
+            parts.push(format!(
+                "its threads waited {:.2} s for a CPU",
+                secs(self.waited_ns)
+            ));
+        }
+        if self.throttled_ns >= NOTICEABLE_NS {
+            parts.push(format!(
+                "its CPU limit stopped it for {:.2} s",
+                secs(self.throttled_ns)
+            ));
+        }
+        (!parts.is_empty()).then(|| {
+            format!(
+                "the agent had too little CPU: in {:.1} s {}",
+                secs(self.wall_ns),
+                parts.join(" and ")
+            )
+        })
+    }
+}
+
+/// Cumulative figures of one link at the previous report.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    sent: u64,
+    late: u64,
+    drops: u64,
+}
+
+/// Judges every report's links against the previous report.
+#[derive(Debug)]
+pub struct Guard {
+    seen: HashMap<String, Seen>,
+    cpu: CpuClock,
+}
+
+impl Default for Guard {
+    fn default() -> Self {
+        Guard {
+            seen: HashMap::new(),
+            cpu: CpuClock::now(),
+        }
+    }
+}
+
+impl Guard {
+    /// Fills `unfaithful` of every link in `links` (the counters just read, with
+    /// `max_late_us` covering the window) and returns the links judged so.
+    pub fn judge_report(&mut self, links: &mut [pb::LinkCounters]) -> Vec<(String, String)> {
+        let cpu = self.cpu.window();
+        let mut verdicts = Vec::new();
+        let mut seen = HashMap::with_capacity(links.len());
+        for l in links.iter_mut() {
+            let before = self.seen.get(&l.link).copied().unwrap_or_default();
+            let now = Seen {
+                sent: l.tx_packets,
+                late: l.late_packets,
+                drops: l.drops,
+            };
+            // Counters start again when a link is recreated.
+            let window = Window {
+                sent: now.sent.saturating_sub(before.sent),
+                late: now.late.saturating_sub(before.late),
+                max_late_ns: l.max_late_us * 1000,
+                handoff_drops: now.drops.saturating_sub(before.drops),
+            };
+            if let Some(why) = judge(&window, &cpu) {
+                l.unfaithful = why.clone();
+                verdicts.push((l.link.clone(), why));
+            }
+            seen.insert(l.link.clone(), now);
+        }
+        self.seen = seen;
+        verdicts
+    }
+}
+
+/// Reads the process's CPU wait and throttling between calls.
+#[derive(Debug)]
+struct CpuClock {
+    at: Instant,
+    waited_ns: u64,
+    throttled_ns: u64,
+}
+
+impl CpuClock {
+    fn now() -> CpuClock {
+        CpuClock {
+            at: Instant::now(),
+            waited_ns: waited_ns(),
+            throttled_ns: throttled_ns(),
+        }
+    }
+
+    fn window(&mut self) -> CpuWindow {
+        let next = CpuClock::now();
+        let window = CpuWindow {
+            wall_ns: next.at.duration_since(self.at).as_nanos() as u64,
+            waited_ns: next.waited_ns.saturating_sub(self.waited_ns),
+            throttled_ns: next.throttled_ns.saturating_sub(self.throttled_ns),
+        };
+        *self = next;
+        window
+    }
+}
+
+/// Time this process's threads spent runnable on a run queue, waiting for a
+/// CPU (the second field of each thread's schedstat). 0 where unavailable.
+fn waited_ns() -> u64 {
+    let Ok(tasks) = std::fs::read_dir("/proc/self/task") else {
+        return 0;
+    };
+    tasks
+        .flatten()
+        .filter_map(|t| std::fs::read_to_string(t.path().join("schedstat")).ok())
+        .filter_map(|s| s.split_whitespace().nth(1)?.parse::<u64>().ok())
+        .sum()
+}
+
+/// Time the process's cgroup was throttled by its CPU limit (cgroup v1
+/// `throttled_time` in ns, v2 `throttled_usec`). 0 where unavailable.
+fn throttled_ns() -> u64 {
+    std::fs::read_to_string("/proc/self/cgroup")
+        .ok()
+        .and_then(|cgroups| {
+            cpu_stat_paths(&cgroups)
+                .into_iter()
+                .find_map(read_throttled)
+        })
+        .unwrap_or(0)
+}
+
+/// Where the process's `cpu.stat` may be, most specific first.
+fn cpu_stat_paths(proc_cgroup: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    for line in proc_cgroup.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_end_matches('/');
+        if controllers.split(',').any(|c| c == "cpu") {
+            paths.push(format!("/sys/fs/cgroup/{controllers}{path}/cpu.stat"));
+            paths.push(format!("/sys/fs/cgroup/cpu{path}/cpu.stat"));
+        } else if controllers.is_empty() {
+            paths.push(format!("/sys/fs/cgroup{path}/cpu.stat"));
+            paths.push(format!("/sys/fs/cgroup/unified{path}/cpu.stat"));
+        }
+    }
+    // In a container the cgroup's own directory is mounted at the root.
+    paths.push("/sys/fs/cgroup/cpu,cpuacct/cpu.stat".into());
+    paths.push("/sys/fs/cgroup/cpu/cpu.stat".into());
+    paths.push("/sys/fs/cgroup/cpu.stat".into());
+    paths
+}
+
+fn read_throttled(path: String) -> Option<u64> {
+    parse_throttled(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_throttled(cpu_stat: &str) -> Option<u64> {
+    cpu_stat.lines().find_map(|line| {
+        let (key, value) = line.split_once(' ')?;
+        let value: u64 = value.trim().parse().ok()?;
+        match key {
+            "throttled_time" => Some(value),
+            "throttled_usec" => Some(value * 1000),
+            _ => None,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CALM: CpuWindow = CpuWindow {
+        wall_ns: 1_000_000_000,
+        waited_ns: 0,
+        throttled_ns: 0,
+    };
+
+    #[test]
+    fn a_link_on_time_is_faithful() {
+        let w = Window {
+            sent: 17_000,
+            late: 5,
+            max_late_ns: 3_000_000,
+            handoff_drops: 0,
+        };
+        assert_eq!(judge(&w, &CALM), None, "a few late packets are noise");
+        let w = Window {
+            sent: 100_000,
+            late: 900,
+            max_late_ns: 2_000_000,
+            handoff_drops: 0,
+        };
+        assert_eq!(judge(&w, &CALM), None, "under 1% late is noise");
+    }
+
+    #[test]
+    fn late_departures_and_handoff_drops_are_named_with_the_cpu_that_explains_them() {
+        let starved = CpuWindow {
+            wall_ns: 1_000_000_000,
+            waited_ns: 120_000_000,
+            throttled_ns: 640_000_000,
+        };
+        let w = Window {
+            sent: 2_000,
+            late: 900,
+            max_late_ns: 38_200_000,
+            handoff_drops: 112,
+        };
+        let why = judge(&w, &starved).expect("unfaithful");
+        assert!(
+            why.contains("900 of 2000 packets (45%) left more than 1 ms"),
+            "{why}"
+        );
+        assert!(why.contains("worst 38.2 ms"), "{why}");
+        assert!(
+            why.contains("112 packets dropped before the link's queue"),
+            "{why}"
+        );
+        assert!(
+            why.contains("in 1.0 s its threads waited 0.12 s for a CPU and its CPU limit stopped it for 0.64 s"),
+            "{why}"
+        );
+        let only_drops = Window {
+            handoff_drops: 1,
+            ..Window::default()
+        };
+        assert!(judge(&only_drops, &CALM).is_some());
+    }
+
+    #[test]
+    fn the_guard_judges_each_window_on_its_own() {
+        let mut guard = Guard::default();
+        let link = |tx_packets, late_packets, drops| pb::LinkCounters {
+            link: "a-b".into(),
+            tx_packets,
+            late_packets,
+            drops,
+            max_late_us: 5_000,
+            ..Default::default()
+        };
+        let mut first = [link(1_000, 500, 0)];
+        assert_eq!(guard.judge_report(&mut first).len(), 1);
+        assert!(!first[0].unfaithful.is_empty());
+        // The same cumulative late count: nothing new was late.
+        let mut second = [link(2_000, 500, 0)];
+        assert!(guard.judge_report(&mut second).is_empty());
+        assert!(second[0].unfaithful.is_empty());
+        // A recreated link starts its counters again.
+        let mut third = [link(10, 0, 3)];
+        let verdicts = guard.judge_report(&mut third);
+        assert_eq!(verdicts.len(), 1);
+        assert!(verdicts[0].1.contains("3 packets dropped"), "{verdicts:?}");
+    }
+
+    #[test]
+    fn cgroup_cpu_stat_is_found_in_v1_and_v2() {
+        let v1 = cpu_stat_paths("4:memory:/x\n1:cpu,cpuacct:/kubepods/pod1/c1\n0::/\n");
+        assert_eq!(
+            v1[0],
+            "/sys/fs/cgroup/cpu,cpuacct/kubepods/pod1/c1/cpu.stat"
+        );
+        let v2 = cpu_stat_paths("0::/kubepods.slice/pod2\n");
+        assert_eq!(v2[0], "/sys/fs/cgroup/kubepods.slice/pod2/cpu.stat");
+        assert_eq!(
+            parse_throttled("nr_periods 10\nnr_throttled 4\nthrottled_time 123\n"),
+            Some(123)
+        );
+        assert_eq!(
+            parse_throttled("usage_usec 5\nnr_throttled 1\nthrottled_usec 7\n"),
+            Some(7_000)
+        );
+        assert_eq!(parse_throttled("usage_usec 5\n"), None);
+    }
+
+    #[test]
+    fn this_process_cpu_figures_are_readable() {
+        // Busy for a moment so the scheduler has something to account.
+        let mut clock = CpuClock::now();
+        let start = Instant::now();
+        let mut x = 0u64;
+        while start.elapsed().as_millis() < 20 {
+            x = x.wrapping_add(std::hint::black_box(1));
+        }
+        let w = clock.window();
+        assert!(w.wall_ns >= 20_000_000 && x > 0);
+        assert!(std::path::Path::new("/proc/self/task").exists());
+    }
+}
