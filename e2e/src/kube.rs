@@ -104,12 +104,43 @@ impl Cluster {
             "{}",
             String::from_utf8_lossy(&applied.stderr)
         );
-        self.ok(&[
+        let waited = self.kubectl(&[
             "wait",
             "--for=condition=Ready",
             &format!("topology/{name}"),
             &format!("--timeout={timeout}"),
         ]);
+        if !waited.status.success() {
+            // What the Topology itself says is the first thing to read.
+            let show = |args: &[&str]| {
+                let out = self.kubectl(args);
+                format!(
+                    "$ kubectl {}\n{}{}",
+                    args.join(" "),
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                )
+            };
+            panic!(
+                "topology/{name} not Ready within {timeout}:\n{}\n{}\n{}\n{}",
+                show(&[
+                    "get",
+                    "topology",
+                    name,
+                    "-o",
+                    r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
+                ]),
+                show(&[
+                    "get",
+                    "pods",
+                    "-l",
+                    &format!("nextmini.io/topology={name}"),
+                    "--no-headers"
+                ]),
+                show(&["get", "events", "--sort-by=.lastTimestamp"]),
+                show(&["logs", "deploy/nm-operator", "--tail=30"]),
+            );
+        }
         t.elapsed()
     }
 

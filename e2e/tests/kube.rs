@@ -296,6 +296,19 @@ fn operator_runs_line3_on_a_real_cluster() {
         unshaped_mbit > 2.0 * shaped_mbit,
         "the unshaped run ({unshaped_mbit:.0} Mbit/s) must be faster"
     );
+    // The fidelity guard reaches the Topology from agents in pods. Whether a
+    // crowded two-core cluster kept up is not this test's question; that the
+    // verdict arrives, and names a link direction when it is False, is.
+    let (status, reason, message) = condition(&c, "line3", "Faithful");
+    println!("line3 Faithful={status} ({reason}): {message}");
+    match status.as_str() {
+        "True" => assert_eq!(reason, "Faithful"),
+        "False" => assert!(
+            reason.starts_with("EmulatorLimited") && message.contains(" → "),
+            "{reason}: {message}"
+        ),
+        other => panic!("line3 has no Faithful condition ({other:?}): {message}"),
+    }
 
     // A broken Topology says why, and line3 keeps running.
     let refused = c.kubectl_stdin(
