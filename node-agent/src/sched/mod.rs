@@ -33,6 +33,8 @@ pub mod scheduler;
 pub mod shaper;
 
 #[cfg(test)]
+mod reference_tests;
+#[cfg(test)]
 mod tests;
 
 pub use aqm::{Aqm, Verdict};
