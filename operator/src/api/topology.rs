@@ -25,6 +25,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name": "Nodes", "type": "integer", "description": "Nodes whose agent is connected", "jsonPath": ".status.nodesReady"}"#,
     printcolumn = r#"{"name": "Links", "type": "integer", "description": "Links that are up", "jsonPath": ".status.linksUp"}"#,
     printcolumn = r#"{"name": "Ready", "type": "string", "description": "Ready condition", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"}"#,
+    printcolumn = r#"{"name": "Faithful", "type": "string", "description": "False while the emulator, not the emulated links, limited traffic (the fidelity guard)", "jsonPath": ".status.conditions[?(@.type==\"Faithful\")].status"}"#,
     printcolumn = r#"{"name": "Age", "type": "date", "description": "Time since creation", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
