@@ -36,10 +36,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// An agent silent for this many report intervals (at least `SILENCE_MIN`) is
-/// marked disconnected and its session dropped.
-const SILENT_INTERVALS: u64 = 3;
-const SILENCE_MIN: Duration = Duration::from_secs(3);
 const RETENTION_EVERY: Duration = Duration::from_secs(30);
 /// How often the hub looks whether sessions or topologies went, to return
 /// their memory.
@@ -443,9 +439,10 @@ impl Hub {
                 let keys: Vec<SessionKey> = sessions
                     .iter()
                     .filter(|(_, e)| {
-                        let limit = (u64::from(e.report_interval_ms) * SILENT_INTERVALS)
-                            .max(SILENCE_MIN.as_millis() as u64);
-                        now.saturating_sub(e.last_seen.load(Ordering::Relaxed)) > limit
+                        let applying = u64::try_from(e.generation).unwrap_or(0)
+                            > e.liveness.acked.load(Ordering::Relaxed);
+                        let limit = session::silence_limit_ms(e.report_interval_ms, applying);
+                        now.saturating_sub(e.liveness.last_seen_ms.load(Ordering::Relaxed)) > limit
                     })
                     .map(|(k, _)| k.clone())
                     .collect();
@@ -649,7 +646,7 @@ impl Control for Hub {
         let (tx, rx) = mpsc::channel(1024);
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
-        let last_seen = Arc::new(AtomicU64::new(self.now_ms()));
+        let liveness = Arc::new(session::Liveness::new(self.now_ms()));
         let replaced = {
             // Held while the snapshot is chosen and the session registered, so a
             // concurrent change is applied to this session exactly once.
@@ -668,7 +665,7 @@ impl Control for Hub {
                 tx,
                 config: Some(config),
                 generation: view.generation,
-                last_seen: last_seen.clone(),
+                liveness: liveness.clone(),
                 topology_id,
                 report_interval_ms: view.plan.report_interval_ms,
                 metrics: self.inner.metrics.clone(),
@@ -706,7 +703,7 @@ impl Control for Hub {
             id,
             key,
             topology_id,
-            last_seen,
+            liveness,
             inbound,
         ));
         Ok(Response::new(ReceiverStream::new(rx)))

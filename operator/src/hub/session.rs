@@ -21,8 +21,9 @@ pub(super) struct SessionEntry {
     /// computed against it, so a change costs one snapshot per agent, not two,
     /// and the hub holds no agent's whole config.
     pub config: Option<super::snapshot::SentConfig>,
-    /// Milliseconds since the hub started at which the agent last spoke.
-    pub last_seen: Arc<AtomicU64>,
+    /// When the agent last spoke and what it last acknowledged, for the
+    /// silence watchdog.
+    pub liveness: Arc<Liveness>,
     pub topology_id: i64,
     pub report_interval_ms: u32,
     pub metrics: Arc<crate::observe::HubMetrics>,
@@ -54,6 +55,45 @@ impl SessionEntry {
     }
 }
 
+/// What the silence watchdog reads of a session; its reader task writes it.
+#[derive(Debug)]
+pub(super) struct Liveness {
+    /// Milliseconds since the hub started at which the agent last spoke.
+    pub last_seen_ms: AtomicU64,
+    /// The latest generation the agent answered (applied or refused).
+    pub acked: AtomicU64,
+}
+
+impl Liveness {
+    pub fn new(now_ms: u64) -> Liveness {
+        Liveness {
+            last_seen_ms: AtomicU64::new(now_ms),
+            acked: AtomicU64::new(0),
+        }
+    }
+}
+
+/// How long a session may stay silent before the watchdog drops it. An agent
+/// applying a config it has not acknowledged yet sends nothing until it is
+/// done, which takes seconds for a large snapshot on a crowded machine:
+/// dropping it then makes it reconnect and start over with another snapshot,
+/// and at 2,000 agents on two cores that fed on itself until only a tenth
+/// stayed connected. A dead or frozen process is still found by the
+/// connection's HTTP/2 keepalive within 10 s.
+pub(super) fn silence_limit_ms(report_interval_ms: u32, applying: bool) -> u64 {
+    if applying {
+        return APPLYING_SILENCE.as_millis() as u64;
+    }
+    (u64::from(report_interval_ms) * SILENT_INTERVALS).max(SILENCE_MIN.as_millis() as u64)
+}
+
+/// An agent silent for this many report intervals (at least `SILENCE_MIN`) is
+/// marked disconnected and its session dropped.
+const SILENT_INTERVALS: u64 = 3;
+const SILENCE_MIN: Duration = Duration::from_secs(3);
+/// The limit while the agent applies a config it has not acknowledged.
+const APPLYING_SILENCE: Duration = Duration::from_secs(60);
+
 /// Reads the agent's messages until the stream ends, then marks the node
 /// disconnected unless a newer session of the same agent took over.
 pub(super) async fn run(
@@ -61,7 +101,7 @@ pub(super) async fn run(
     id: u64,
     key: SessionKey,
     topology_id: i64,
-    last_seen: Arc<AtomicU64>,
+    liveness: Arc<Liveness>,
     mut inbound: Streaming<pb::AgentMessage>,
 ) {
     let (topology, node) = &key;
@@ -77,9 +117,11 @@ pub(super) async fn run(
                 break;
             }
         };
-        last_seen.store(hub.now_ms(), Ordering::Relaxed);
+        liveness.last_seen_ms.store(hub.now_ms(), Ordering::Relaxed);
         match msg.msg {
             Some(pb::agent_message::Msg::Ack(ack)) => {
+                // Applied or refused, the agent is done with it.
+                liveness.acked.fetch_max(ack.generation, Ordering::Relaxed);
                 if !ack.error.is_empty() {
                     tracing::warn!(%topology, %node, generation = ack.generation, error = %ack.error, "agent rejected config");
                     continue;
@@ -360,4 +402,20 @@ fn flow_rows(results: &[pb::FlowResult]) -> (Vec<SentRow>, Vec<ReceivedRow>) {
         });
     }
     (sent, received)
+}
+
+#[cfg(test)]
+mod silence_tests {
+    use super::*;
+
+    #[test]
+    fn an_agent_applying_its_config_gets_time_a_steady_one_does_not() {
+        // A steady agent: three report intervals, at least 3 s (a hung agent
+        // is marked down within seconds, RELIABILITY.md).
+        assert_eq!(silence_limit_ms(1000, false), 3000);
+        assert_eq!(silence_limit_ms(100, false), 3000);
+        assert_eq!(silence_limit_ms(5000, false), 15_000);
+        // Applying an unacknowledged config: a minute.
+        assert_eq!(silence_limit_ms(1000, true), 60_000);
+    }
 }
