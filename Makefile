@@ -89,14 +89,16 @@ e2e: setup-test
 #   memory  RSS and PSS of an idle agent and of one with 10 links (1 min)
 #   scale   start-up of SCALE nodes, then a change fanning out to the largest (about 5 min)
 #   load    LOAD_ARGS agents reporting to one hub (RELIABILITY.md; about 7 min)
-BENCH ?= flows hops memory scale load
+#   shaped  CPU per packet of a 200 Mbit/s, 5 ms line, plain and impaired, against
+#           an unshaped one (issue 14.1; about 1 min)
+BENCH ?= flows hops memory scale load shaped
 HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench:
-	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load) ;; \
-	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load)" >&2; exit 2 ;; esac; done
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|shaped) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, shaped)" >&2; exit 2 ;; esac; done
 	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
@@ -109,6 +111,7 @@ bench:
 	    memory) $(BENCH_TARGET_DIR)/release/examples/bench_memory ;; \
 	    scale) $(BENCH_TARGET_DIR)/release/examples/bench_scale $(SCALE) ;; \
 	    load) $(BENCH_TARGET_DIR)/release/examples/control_load $(LOAD_ARGS) ;; \
+	    shaped) $(BENCH_TARGET_DIR)/release/examples/bench_shaped ;; \
 	  esac; \
 	done
 	/usr/bin/python3 bench/plot.py
