@@ -12,7 +12,7 @@ use crate::offload::{self, Offload};
 use crate::packet::Packet;
 use crate::processor::Processors;
 use crate::quic;
-use crate::sched::{PacketMeta, Payload, Pipeline};
+use crate::sched::{PacketMeta, Payload, Pipeline, RELEASE_SLACK};
 use crate::timer::PreciseTimer;
 use bytes::BytesMut;
 use futures::{SinkExt, StreamExt};
@@ -290,7 +290,7 @@ impl LinkTask {
             },
         ));
         let mut probe = tokio::time::interval(PROBE_EVERY);
-        let timer = match PreciseTimer::new() {
+        let mut timer = match PreciseTimer::new() {
             Ok(t) => t,
             Err(e) => return Outcome::Broken(format!("timer: {e}")),
         };
@@ -367,7 +367,9 @@ impl LinkTask {
     /// Sends every packet the pipeline releases now; returns when to look again.
     async fn transmit(&mut self, writer: &mut FrameWriter) -> Result<Option<u64>, String> {
         let now = self.now();
-        let next = self.pipeline.poll_into(now, &mut self.ready);
+        let next = self
+            .pipeline
+            .poll_with_slack(now, RELEASE_SLACK, &mut self.ready);
         let sent = !self.ready.is_empty();
         for out in self.ready.drain(..) {
             let (packets, bytes) = out.offload.wire_size(&out.data);

@@ -43,6 +43,7 @@ pub use meta::PacketMeta;
 pub use payload::{Payload, ecn_field, is_ect, set_ce};
 pub use pipeline::{
     DropCause, DropCounts, EnqueueOutcome, Parts, Pipeline, PipelineStats, Poll, QueueDepth,
+    RELEASE_SLACK, ReleaseSlack,
 };
 pub use queue::QueueState;
 pub use scheduler::Scheduler;
