@@ -14,7 +14,7 @@ use crate::processor::Processors;
 use crate::quic;
 use crate::sched::{PacketMeta, Payload, Pipeline, RELEASE_SLACK};
 use crate::timer::PreciseTimer;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use nextmini_proto::v1 as pb;
 use std::net::SocketAddr;
@@ -387,7 +387,7 @@ impl LinkTask {
                     hops: out.hops,
                     label: out.label,
                     offload,
-                    packet: out.data.freeze(),
+                    packet: out.data,
                 })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -412,15 +412,14 @@ fn offer(
     packet: Packet,
     now: u64,
 ) -> Result<(), offload::OffloadError> {
-    let data = packet
-        .data
-        .try_into_mut()
-        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     let (label, hops) = (packet.label, packet.hops);
     if packet.offload.is_finished() || pipeline.passes_aggregates() {
-        let meta = PacketMeta::from_ip(&data);
+        // Queued as it came: a transit hop's packet is a slice of the read
+        // buffer and is not copied (an ECN mark or a corruption copies it
+        // then, see `Payload for Bytes`).
+        let meta = PacketMeta::from_ip(&packet.data);
         let out = Outbound {
-            data,
+            data: packet.data,
             label,
             hops,
             offload: packet.offload,
@@ -428,10 +427,14 @@ fn offer(
         pipeline.enqueue(out, meta, now);
         return Ok(());
     }
+    let data = packet
+        .data
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     offload::finish(data, packet.offload, &mut |data| {
         let meta = PacketMeta::from_ip(&data);
         let out = Outbound {
-            data,
+            data: data.freeze(),
             label,
             hops,
             offload: Offload::default(),
@@ -509,7 +512,7 @@ async fn resolve(peer: &str) -> Result<SocketAddr, String> {
 /// A packet inside the pipeline, with what the frame needs besides the bytes.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    pub data: BytesMut,
+    pub data: Bytes,
     pub label: u32,
     pub hops: u16,
     /// Left undone by the sending kernel; only on links that pass super-packets.
@@ -522,7 +525,7 @@ impl Payload for Outbound {
     }
 
     fn edit<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut self.data)
+        self.data.edit(f)
     }
 }
 
