@@ -91,15 +91,17 @@ e2e: setup-test
 #   load    LOAD_ARGS agents reporting to one hub (RELIABILITY.md; about 7 min)
 #   processors  TCP through a 3-node line against PROCESSORS per agent and 1-8
 #           flows, both mappings (the paper's Fig. 4; about 3 min)
-BENCH ?= flows hops memory scale load processors
+#   shaped  CPU per packet of a 200 Mbit/s, 5 ms line, plain and impaired, against
+#           an unshaped one (issue 14.1; about 1 min)
+BENCH ?= flows hops memory scale load processors shaped
 PROCESSORS ?= 1 2 4
 HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench:
-	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors) ;; \
-	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors)" >&2; exit 2 ;; esac; done
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped)" >&2; exit 2 ;; esac; done
 	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
@@ -113,6 +115,7 @@ bench:
 	    scale) $(BENCH_TARGET_DIR)/release/examples/bench_scale $(SCALE) ;; \
 	    load) $(BENCH_TARGET_DIR)/release/examples/control_load $(LOAD_ARGS) ;; \
 	    processors) $(BENCH_TARGET_DIR)/release/examples/bench_processors $(PROCESSORS) ;; \
+	    shaped) $(BENCH_TARGET_DIR)/release/examples/bench_shaped ;; \
 	  esac; \
 	done
 	/usr/bin/python3 bench/plot.py

@@ -12,9 +12,9 @@ use crate::offload::{self, Offload};
 use crate::packet::Packet;
 use crate::processor::Processors;
 use crate::quic;
-use crate::sched::{PacketMeta, Payload, Pipeline};
+use crate::sched::{PacketMeta, Payload, Pipeline, RELEASE_SLACK};
 use crate::timer::PreciseTimer;
-use bytes::BytesMut;
+use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
 use nextmini_proto::v1 as pb;
 use std::net::SocketAddr;
@@ -32,6 +32,13 @@ const HANDOFF_QUEUE: usize = 1024;
 const INTAKE_BATCH: usize = 256;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
 const BACKOFF_MAX: Duration = Duration::from_secs(1);
+/// Read buffer of a link connection: a read takes in as many frames as the
+/// socket holds (about 46 full-size ones), so a busy link decodes many per
+/// read syscall instead of five with tokio-util's default 8 KiB.
+const READ_BUFFER: usize = 64 * 1024;
+/// Frames fed to the writer are written when it is flushed, in one write, up
+/// to this much (the default of 8 KiB wrote every sixth frame on its own).
+const WRITE_BOUNDARY: usize = 256 * 1024;
 /// How often a link measures its connection's round trip.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 /// Keepalive flag: this frame answers a probe.
@@ -278,9 +285,10 @@ impl LinkTask {
             _quic: quic_connection,
         } = conn;
         let mut writer: FrameWriter = FramedWrite::new(writer, FrameCodec);
+        writer.set_backpressure_boundary(WRITE_BOUNDARY);
         let (echo_tx, mut echo_rx) = mpsc::channel::<bytes::Bytes>(8);
         let mut inbound = tokio::spawn(receive(
-            FramedRead::new(reader, FrameCodec),
+            FramedRead::with_capacity(reader, FrameCodec, READ_BUFFER),
             Receiver {
                 counters: self.counters.clone(),
                 processors: self.context.processors.clone(),
@@ -290,7 +298,7 @@ impl LinkTask {
             },
         ));
         let mut probe = tokio::time::interval(PROBE_EVERY);
-        let timer = match PreciseTimer::new() {
+        let mut timer = match PreciseTimer::new() {
             Ok(t) => t,
             Err(e) => return Outcome::Broken(format!("timer: {e}")),
         };
@@ -367,7 +375,9 @@ impl LinkTask {
     /// Sends every packet the pipeline releases now; returns when to look again.
     async fn transmit(&mut self, writer: &mut FrameWriter) -> Result<Option<u64>, String> {
         let now = self.now();
-        let next = self.pipeline.poll_into(now, &mut self.ready);
+        let next = self
+            .pipeline
+            .poll_with_slack(now, RELEASE_SLACK, &mut self.ready);
         let sent = !self.ready.is_empty();
         for out in self.ready.drain(..) {
             let (packets, bytes) = out.offload.wire_size(&out.data);
@@ -377,7 +387,7 @@ impl LinkTask {
                     hops: out.hops,
                     label: out.label,
                     offload,
-                    packet: out.data.freeze(),
+                    packet: out.data,
                 })
                 .await
                 .map_err(|e| e.to_string())?;
@@ -404,15 +414,14 @@ fn offer(
     packet: Packet,
     now: u64,
 ) -> Result<(), offload::OffloadError> {
-    let data = packet
-        .data
-        .try_into_mut()
-        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     let (label, hops) = (packet.label, packet.hops);
     if packet.offload.is_finished() || pipeline.passes_aggregates() {
-        let meta = PacketMeta::from_ip(&data);
+        // Queued as it came: a transit hop's packet is a slice of the read
+        // buffer and is not copied (an ECN mark or a corruption copies it
+        // then, see `Payload for Bytes`).
+        let meta = PacketMeta::from_ip(&packet.data);
         let out = Outbound {
-            data,
+            data: packet.data,
             label,
             hops,
             offload: packet.offload,
@@ -420,10 +429,14 @@ fn offer(
         pipeline.enqueue(out, meta, now);
         return Ok(());
     }
+    let data = packet
+        .data
+        .try_into_mut()
+        .unwrap_or_else(|shared| BytesMut::from(&shared[..]));
     offload::finish(data, packet.offload, &mut |data| {
         let meta = PacketMeta::from_ip(&data);
         let out = Outbound {
-            data,
+            data: data.freeze(),
             label,
             hops,
             offload: Offload::default(),
@@ -501,7 +514,7 @@ async fn resolve(peer: &str) -> Result<SocketAddr, String> {
 /// A packet inside the pipeline, with what the frame needs besides the bytes.
 #[derive(Debug, Clone)]
 pub struct Outbound {
-    pub data: BytesMut,
+    pub data: Bytes,
     pub label: u32,
     pub hops: u16,
     /// Left undone by the sending kernel; only on links that pass super-packets.
@@ -514,7 +527,7 @@ impl Payload for Outbound {
     }
 
     fn edit<R>(&mut self, f: impl FnOnce(&mut [u8]) -> R) -> R {
-        f(&mut self.data)
+        self.data.edit(f)
     }
 }
 

@@ -45,7 +45,7 @@ pub use meta::PacketMeta;
 pub use payload::{Payload, ecn_field, is_ect, set_ce};
 pub use pipeline::{
     DropCause, DropCounts, EnqueueOutcome, LATE_BOUND_NS, Parts, Pipeline, PipelineStats, Poll,
-    QueueDepth,
+    QueueDepth, RELEASE_SLACK, ReleaseSlack,
 };
 pub use queue::QueueState;
 pub use scheduler::Scheduler;

@@ -29,6 +29,36 @@ const UNLIMITED_TX_TIME_NS: u64 = 1_000;
 /// millisecond is a millisecond of delay nobody configured.
 pub const LATE_BOUND_NS: u64 = 1_000_000;
 
+/// How far ahead of its exact release instant a packet may be handed out, so
+/// that one wake-up of the owner serves several packets: at 200 Mbit/s every
+/// packet has its own instant 56 µs after the last, and waking (and re-arming a
+/// timer, and writing to the connection) once per packet cost most of a link's
+/// CPU. Departures are still computed exactly in virtual time; only the hand-out
+/// moves, never later than the instant and never more than `ahead_ns` before
+/// it, and at most `packets` early ones per poll (DESIGN.md, "Release slack").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReleaseSlack {
+    pub ahead_ns: u64,
+    pub packets: usize,
+}
+
+impl ReleaseSlack {
+    /// Every packet at its exact instant.
+    pub const NONE: ReleaseSlack = ReleaseSlack {
+        ahead_ns: 0,
+        packets: 0,
+    };
+}
+
+/// What a link uses: a millisecond is far below the delays and the jitter
+/// worth emulating and the sender's pacing quantum; 16 packets at 1400 bytes
+/// are a quarter of a 64 KiB TSO burst, so TCP sees no burst it would not see
+/// on a real host with interrupt coalescing.
+pub const RELEASE_SLACK: ReleaseSlack = ReleaseSlack {
+    ahead_ns: 1_000_000,
+    packets: 16,
+};
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DropCause {
     /// The queue was at its packet or byte limit.
@@ -295,17 +325,49 @@ impl<P: Payload> Pipeline<P> {
     /// Like [`Pipeline::poll`] but appends to the caller's buffer, so a loop that
     /// reuses it does not allocate. Returns the next wake-up.
     pub fn poll_into(&mut self, now: u64, out: &mut Vec<P>) -> Option<u64> {
+        self.poll_with_slack(now, ReleaseSlack::NONE, out)
+    }
+
+    /// Like [`Pipeline::poll_into`], and also hands out up to `slack.packets`
+    /// packets due within `slack.ahead_ns` after `now`. A queued packet leaves
+    /// the shaper ahead of `now` (at its exact virtual instant) only when it
+    /// would then be due within the slack, so at most one departure per poll is
+    /// committed early for nothing.
+    pub fn poll_with_slack(
+        &mut self,
+        now: u64,
+        slack: ReleaseSlack,
+        out: &mut Vec<P>,
+    ) -> Option<u64> {
         self.advance(now);
         while let Some(slot) = self.wire.pop_due(now) {
-            let lateness = now.saturating_sub(slot.at);
-            self.stats.late += u64::from(lateness > LATE_BOUND_NS);
-            self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
-            self.stats.sent_packets += 1;
-            self.stats.sent_bytes += u64::from(slot.len);
-            out.push(slot.payload);
+            self.hand_out(slot, now, out);
+        }
+        let horizon = now.saturating_add(slack.ahead_ns);
+        let mut early = 0;
+        while early < slack.packets {
+            if let Some(slot) = self.wire.pop_due(horizon) {
+                self.hand_out(slot, now, out);
+                early += 1;
+                continue;
+            }
+            if !self.depart_next(horizon) || self.wire.next_release().is_none_or(|t| t > horizon) {
+                break;
+            }
         }
         self.stats.in_flight = self.wire.len() as u64;
         self.next_wakeup()
+    }
+
+    /// Hands a packet out at `now`; one handed out after its instant is late
+    /// by the difference (the fidelity guard), one handed out early is not.
+    fn hand_out(&mut self, slot: super::delay_line::Slot<P>, now: u64, out: &mut Vec<P>) {
+        let lateness = now.saturating_sub(slot.at);
+        self.stats.late += u64::from(lateness > LATE_BOUND_NS);
+        self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
+        self.stats.sent_packets += 1;
+        self.stats.sent_bytes += u64::from(slot.len);
+        out.push(slot.payload);
     }
 
     /// Applies new parameters at the latest time seen, keeping queued packets,
@@ -358,31 +420,43 @@ impl<P: Payload> Pipeline<P> {
     fn advance(&mut self, now: u64) {
         self.last_now = self.last_now.max(now);
         self.blocked_until = None;
-        while self.queues.packets() > 0 {
-            let states = self.queues.states();
-            let q = match self.scheduler.select(states) {
-                Some(q) if states.get(q).is_some_and(|s| !s.is_empty()) => q,
-                // A scheduler answering nonsense must not stall the link.
-                _ => match states.iter().position(|s| !s.is_empty()) {
-                    Some(q) => q,
-                    None => break,
-                },
-            };
-            let Some(head) = self.queues.front(q) else {
-                break;
-            };
-            let at = self
-                .shaper
-                .earliest(head.meta.len, head.arrival.max(self.clock));
-            if at > now {
-                self.blocked_until = Some(at);
-                break;
-            }
-            if let Some(entry) = self.queues.pop(q) {
-                self.depart(q, entry, at);
-            }
-        }
+        while self.depart_next(now) {}
         self.stats.in_flight = self.wire.len() as u64;
+    }
+
+    /// Moves the packet the scheduler picks onto the wire if the shaper lets it
+    /// go by `now`; false when the queues are empty or the shaper holds it (then
+    /// `blocked_until` says until when).
+    fn depart_next(&mut self, now: u64) -> bool {
+        if self.queues.packets() == 0 {
+            return false;
+        }
+        let states = self.queues.states();
+        let q = match self.scheduler.select(states) {
+            Some(q) if states.get(q).is_some_and(|s| !s.is_empty()) => q,
+            // A scheduler answering nonsense must not stall the link.
+            _ => match states.iter().position(|s| !s.is_empty()) {
+                Some(q) => q,
+                None => return false,
+            },
+        };
+        let Some(head) = self.queues.front(q) else {
+            return false;
+        };
+        let at = self
+            .shaper
+            .earliest(head.meta.len, head.arrival.max(self.clock));
+        if at > now {
+            self.blocked_until = Some(at);
+            return false;
+        }
+        match self.queues.pop(q) {
+            Some(entry) => {
+                self.depart(q, entry, at);
+                true
+            }
+            None => false,
+        }
     }
 
     fn depart(&mut self, q: usize, entry: Entry<P>, at: u64) {
@@ -488,11 +562,17 @@ impl<P> Pipeline<P> {
         self.queues.len()
     }
 
-    /// When `poll` has something to do next: now if a queued packet has not been
-    /// looked at since it arrived, else the shaper's or the wire's next instant.
+    /// When `poll` has something to hand out next: now if a queued packet has
+    /// not been looked at since it arrived, else the wire's next instant or the
+    /// earliest the head of the queue could reach the far end (the shaper's
+    /// instant plus the least delay the impairment can give). Waking at the
+    /// shaper's instant itself would hand out nothing on a delayed link: the
+    /// departure is computed in virtual time whenever `poll` runs.
     pub fn next_wakeup(&self) -> Option<u64> {
-        let queue =
-            (self.queues.packets() > 0).then(|| self.blocked_until.unwrap_or(self.last_now));
+        let queue = (self.queues.packets() > 0).then(|| match self.blocked_until {
+            Some(at) => at.saturating_add(self.impairment.min_delay_ns()),
+            None => self.last_now,
+        });
         queue.into_iter().chain(self.wire.next_release()).min()
     }
 

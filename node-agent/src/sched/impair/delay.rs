@@ -52,6 +52,17 @@ impl Delay {
         }
     }
 
+    /// The least delay a draw can give (FIFO ordering only adds).
+    pub fn min_ns(&self) -> u64 {
+        if self.jitter_ns == 0 {
+            return self.delay_ns;
+        }
+        let (low, _) = Delay::offset_bounds(self.distribution);
+        // `as` saturates negative to 0; one ns below the exact bound keeps
+        // float rounding in `sample` from undercutting it.
+        ((self.delay_ns as f64 + low * self.jitter_ns as f64).floor() as u64).saturating_sub(1)
+    }
+
     /// One delay draw, before FIFO ordering: never negative.
     pub fn sample(&self, rng: &mut SmallRng) -> u64 {
         if self.jitter_ns == 0 {

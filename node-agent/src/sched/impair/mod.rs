@@ -33,6 +33,12 @@ pub trait Impairment: Send + Sync {
     /// earlier than a previous packet's reorders it. `out` is reused across
     /// packets so the hot path does not allocate.
     fn impair(&mut self, meta: &PacketMeta, now: u64, rng: &mut SmallRng, out: &mut Vec<Release>);
+
+    /// A lower bound on `at - now` of every release: lets the owner sleep
+    /// through departures that cannot reach the far end yet. 0 is always safe.
+    fn min_delay_ns(&self) -> u64 {
+        0
+    }
 }
 
 /// A perfect wire: every packet arrives the instant it leaves.

@@ -44,6 +44,15 @@ impl Netem {
 }
 
 impl Impairment for Netem {
+    fn min_delay_ns(&self) -> u64 {
+        // A reordered packet skips the delay.
+        if self.reorder_ppm > 0 {
+            0
+        } else {
+            self.delay.min_ns()
+        }
+    }
+
     fn impair(&mut self, _: &PacketMeta, now: u64, rng: &mut SmallRng, out: &mut Vec<Release>) {
         if self.loss.lose(rng) {
             out.push(Release {
