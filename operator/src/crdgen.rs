@@ -141,7 +141,7 @@ mod tests {
             .as_array()
             .map(|cols| cols.iter().filter_map(|c| c["name"].as_str()).collect())
             .unwrap_or_default();
-        assert_eq!(columns, ["Nodes", "Links", "Ready", "Age"]);
+        assert_eq!(columns, ["Nodes", "Links", "Ready", "Faithful", "Age"]);
         assert_eq!(
             topology["versions"][0]["subresources"]["status"],
             serde_json::json!({})

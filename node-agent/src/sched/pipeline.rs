@@ -328,11 +328,14 @@ impl<P: Payload> Pipeline<P> {
         self.poll_with_slack(now, ReleaseSlack::NONE, out)
     }
 
-    /// Like [`Pipeline::poll_into`], and also hands out up to `slack.packets`
-    /// packets due within `slack.ahead_ns` after `now`. A queued packet leaves
-    /// the shaper ahead of `now` (at its exact virtual instant) only when it
-    /// would then be due within the slack, so at most one departure per poll is
-    /// committed early for nothing.
+    /// Like [`Pipeline::poll_into`], and, when some packet was due at `now`,
+    /// also hands out up to `slack.packets` packets due within
+    /// `slack.ahead_ns` after it. Only a wake-up that happens anyway for a due
+    /// packet takes others along: a lone packet (a ping) polled right after it
+    /// was offered is never early, which on a 1 ms link would have cut its
+    /// delay to nothing. A queued packet leaves the shaper ahead of `now` (at
+    /// its exact virtual instant) only when it would then be due within the
+    /// slack, so at most one departure per poll is committed early for nothing.
     pub fn poll_with_slack(
         &mut self,
         now: u64,
@@ -340,12 +343,14 @@ impl<P: Payload> Pipeline<P> {
         out: &mut Vec<P>,
     ) -> Option<u64> {
         self.advance(now);
+        let mut due = 0;
         while let Some(slot) = self.wire.pop_due(now) {
             self.hand_out(slot, now, out);
+            due += 1;
         }
         let horizon = now.saturating_add(slack.ahead_ns);
         let mut early = 0;
-        while early < slack.packets {
+        while due > 0 && early < slack.packets {
             if let Some(slot) = self.wire.pop_due(horizon) {
                 self.hand_out(slot, now, out);
                 early += 1;
