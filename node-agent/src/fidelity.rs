@@ -15,8 +15,12 @@ use std::time::Instant;
 /// Late packets below this count in one window are noise (one slow wake-up),
 /// not a limit on the traffic.
 const MIN_LATE_PACKETS: u64 = 10;
-/// ... and so is a late share below this, in percent of the packets sent.
-const MIN_LATE_PERCENT: u64 = 1;
+/// ... and so is a late share below this, in percent of the packets sent: one
+/// stall of a few milliseconds in a second (a page fault burst, a database
+/// write beside the agent) delays 1-2% of a 100 Mbit/s link's packets, which
+/// is not the emulator limiting the traffic; an agent short of CPU makes a
+/// third or more late (BENCHMARKS.md, "The fidelity guard").
+const MIN_LATE_PERCENT: u64 = 5;
 
 /// What one direction of one link did in one window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -267,13 +271,14 @@ mod tests {
             handoff_drops: 0,
         };
         assert_eq!(judge(&w, &CALM), None, "a few late packets are noise");
+        // One 4 ms stall in a second at 100 Mbit/s (seen on a quiet CI machine).
         let w = Window {
-            sent: 100_000,
-            late: 900,
-            max_late_ns: 2_000_000,
+            sent: 2_405,
+            late: 45,
+            max_late_ns: 4_100_000,
             handoff_drops: 0,
         };
-        assert_eq!(judge(&w, &CALM), None, "under 1% late is noise");
+        assert_eq!(judge(&w, &CALM), None, "under 5% late is noise");
     }
 
     #[test]
