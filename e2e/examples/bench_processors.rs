@@ -34,16 +34,7 @@ fn up(env: &Env, processors: u32, mapping: &str) {
 
 /// Packets each processor of `node` handled so far, from its metrics socket.
 fn processed(env: &Env, node: &str) -> Vec<u64> {
-    let socket = env
-        .state_dir
-        .join(format!("metrics/{TOPOLOGY}/{node}.sock"));
-    let out = std::process::Command::new("curl")
-        .args(["-sf", "--max-time", "5", "--unix-socket"])
-        .arg(&socket)
-        .arg("http://agent/metrics")
-        .output()
-        .expect("curl");
-    String::from_utf8_lossy(&out.stdout)
+    env.agent_metrics(TOPOLOGY, node)
         .lines()
         .filter(|l| l.starts_with("nextmini_agent_processor_packets_total{"))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())

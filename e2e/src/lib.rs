@@ -192,6 +192,21 @@ impl Env {
         pid
     }
 
+    /// The Prometheus text an agent serves on its private metrics socket
+    /// (empty if it does not answer).
+    pub fn agent_metrics(&self, topology: &str, node: &str) -> String {
+        let socket = self
+            .state_dir
+            .join(format!("metrics/{topology}/{node}.sock"));
+        let out = Command::new("curl")
+            .args(["-sf", "--max-time", "5", "--unix-socket"])
+            .arg(&socket)
+            .arg("http://agent/metrics")
+            .output()
+            .expect("running curl");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     /// A query against the private PostgreSQL, rows as `|`-separated lines.
     pub fn psql(&self, sql: &str) -> String {
         self.try_psql(sql)

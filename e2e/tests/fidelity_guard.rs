@@ -6,7 +6,6 @@
 
 use nextmini_e2e::{Env, agent_pids_of, all_acked, iperf3, tcp_goodput};
 use std::path::PathBuf;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 const TOPOLOGY: &str = "guard";
@@ -106,16 +105,7 @@ fn stored_episodes(env: &Env) -> i64 {
 
 /// `nextmini_link_faithful` of the agent `node`, from its metrics socket.
 fn faithful_metric(env: &Env, node: &str) -> Option<f64> {
-    let socket = env
-        .state_dir
-        .join(format!("metrics/{TOPOLOGY}/{node}.sock"));
-    let out = Command::new("curl")
-        .args(["-sf", "--max-time", "5", "--unix-socket"])
-        .arg(&socket)
-        .arg("http://agent/metrics")
-        .output()
-        .expect("curl");
-    String::from_utf8_lossy(&out.stdout)
+    env.agent_metrics(TOPOLOGY, node)
         .lines()
         .find(|l| l.starts_with("nextmini_link_faithful{") && l.contains("link=\"a-b\""))
         .and_then(|l| l.rsplit(' ').next()?.parse().ok())
