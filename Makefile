@@ -28,17 +28,16 @@ run: build
 # (FUZZ_SMOKE_SECONDS each), then the operator on a real Kubernetes cluster built
 # from source (cached in /var/cache/nextmini/k8s). The e2e suites
 # drive release binaries: link fidelity is measured at the speeds users get.
-# Every stage runs even when an earlier one failed; the exit status says
-# whether all passed.
+# Every stage runs even when an earlier one failed; the last lines name each
+# stage's result and the tests that failed (scripts/test-stages.sh).
 test: setup-test lint cluster-build
 	$(CARGO) build --workspace --release --bins
-	@status=0; \
-	NEXTMINI_BIN_DIR=$(CURDIR)/target/release $(CARGO) test --workspace --no-fail-fast -- --test-threads=1 || status=1; \
-	NEXTMINI_BIN=$(CURDIR)/target/release/nextmini python3 -m pytest -q python/tests || status=1; \
-	FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) fuzz/smoke.sh || status=1; \
-	$(MAKE) --no-print-directory test-kube || status=1; \
-	if [ $$status -ne 0 ]; then echo "make test: some stage failed (see above)"; fi; \
-	exit $$status
+	@NEXTMINI_BIN_DIR=$(CURDIR)/target/release NEXTMINI_BIN=$(CURDIR)/target/release/nextmini \
+	scripts/test-stages.sh \
+	  cargo '$(CARGO) test --workspace --no-fail-fast -- --test-threads=1' \
+	  python 'python3 -m pytest -q python/tests' \
+	  fuzz 'FUZZ_SECONDS=$(FUZZ_SMOKE_SECONDS) fuzz/smoke.sh' \
+	  kube '$(MAKE) --no-print-directory test-kube'
 
 # The cluster suite alone: starts the local cluster, imports the images, runs
 # e2e/tests/kube.rs and stops the cluster again, also when the suite fails.
