@@ -4,7 +4,7 @@
 
 use crate::Rng;
 use crate::packets::{self, V4};
-use bytes::BytesMut;
+use bytes::Bytes;
 use nextmini_agent::link::Outbound;
 use nextmini_agent::sched::{DropCause, EnqueueOutcome, PacketMeta, Pipeline};
 use nextmini_proto::v1 as pb;
@@ -160,7 +160,7 @@ impl Driver {
         let meta = PacketMeta::from_ip(&data);
         assert_eq!(meta.len as usize, data.len());
         let packet = Outbound {
-            data: BytesMut::from(&data[..]),
+            data: Bytes::from(data),
             label: 0,
             hops: 0,
             offload: Default::default(),
