@@ -243,7 +243,7 @@ def test_set_link_merges_params_and_bumps_generation(ctl, db):
         ({"delay_us": 99_999_999_999}, "params_forward", "delay_us", "must be at most 60000000"),
         ({"loss_ppm": 2_000_000}, "params_forward", "loss_ppm", "must be at most 1000000"),
         ({"rate": 10}, "params_forward", "", "unknown key rate (known keys: burst_bytes"),
-        ({"scheduler": "nonsense"}, "params_forward", "scheduler", "must be one of fcfs, wrr, drr, priority"),
+        ({"scheduler": "nonsense"}, "params_forward", "scheduler", "must be one of fcfs, wrr, drr, priority, scheme"),
         ({"queue": {"limit_bytes": 100}}, "params_forward", "queue.limit_bytes", "must be at least the MTU (1400 bytes)"),
     ],
 )

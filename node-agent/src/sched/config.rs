@@ -2,6 +2,7 @@
 //! the schemes are built from. Every error names the offending field.
 
 use super::classify::ClassRule;
+use super::schemes::{SchemeError, find_aqm, find_scheduler};
 use nextmini_proto::v1 as pb;
 use thiserror::Error;
 
@@ -46,11 +47,22 @@ impl Default for QueueLimits {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AqmConfig {
     TailDrop,
     Red(RedConfig),
-    Ecn { threshold_packets: u32 },
+    Ecn {
+        threshold_packets: u32,
+    },
+    /// A registered scheme ([`super::schemes::AQMS`]) whose settings were checked.
+    Scheme(SchemeSettings),
+}
+
+/// A registered scheme by name and its settings, as JSON.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SchemeSettings {
+    pub name: String,
+    pub settings: serde_json::Value,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -66,9 +78,16 @@ pub struct RedConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SchedulerConfig {
     Fcfs,
-    Wrr { weights: Vec<u32> },
-    Drr { quanta: Vec<u32> },
+    Wrr {
+        weights: Vec<u32>,
+    },
+    Drr {
+        quanta: Vec<u32>,
+    },
     Priority,
+    /// A registered scheme ([`super::schemes::SCHEDULERS`]) whose settings were
+    /// checked.
+    Scheme(SchemeSettings),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -138,12 +157,16 @@ impl LinkConfig {
             .map(|(i, rule)| class_rule(i, rule))
             .collect::<Result<Vec<_>, _>>()?;
         let kind = params.scheduler.as_ref().and_then(|s| s.kind.as_ref());
+        let scheme = match kind {
+            Some(pb::scheduler_config::Kind::Scheme(s)) => Some(scheduler_scheme(s, &classes)?),
+            _ => None,
+        };
         let queues = [
             match kind {
                 Some(pb::scheduler_config::Kind::Wrr(w)) => w.weights.len(),
                 Some(pb::scheduler_config::Kind::Drr(d)) => d.quantum_bytes.len(),
                 Some(pb::scheduler_config::Kind::Priority(p)) => p.bands as usize,
-                _ => 1,
+                _ => scheme.as_ref().map_or(1, |(_, queues)| *queues),
             },
             classes.iter().map(|c| c.queue + 1).max().unwrap_or(1),
         ]
@@ -160,8 +183,11 @@ impl LinkConfig {
             mtu,
             queues,
             limits: limits(params),
-            aqm: aqm(params.queue.as_ref().and_then(|q| q.aqm))?,
-            scheduler: scheduler(kind, queues, mtu)?,
+            aqm: aqm(params.queue.as_ref().and_then(|q| q.aqm.as_ref()))?,
+            scheduler: match scheme {
+                Some((settings, _)) => SchedulerConfig::Scheme(settings),
+                None => scheduler(kind, queues, mtu)?,
+            },
             classes,
             shaper: ShaperConfig {
                 rate_bps: params.rate_bps,
@@ -183,7 +209,7 @@ impl LinkConfig {
 }
 
 fn limits(params: &pb::LinkParams) -> QueueLimits {
-    let queue = params.queue.unwrap_or_default();
+    let queue = params.queue.clone().unwrap_or_default();
     // `queue_packets` is the older field; the newer one wins when both are set.
     let packets = [queue.limit_packets, params.queue_packets]
         .into_iter()
@@ -195,10 +221,60 @@ fn limits(params: &pb::LinkParams) -> QueueLimits {
     }
 }
 
-fn aqm(aqm: Option<pb::queue_config::Aqm>) -> Result<AqmConfig, ConfigError> {
+/// Reads a registered scheme's settings; the error names the field from the
+/// `scheme` mapping down.
+fn scheme_settings(at: &str, s: &pb::SchemeConfig) -> Result<SchemeSettings, ConfigError> {
+    let settings = if s.settings_json.trim().is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_str(&s.settings_json)
+            .map_err(|e| ConfigError::new(format!("{at}.settings"), format!("is not JSON: {e}")))?
+    };
+    Ok(SchemeSettings {
+        name: s.name.clone(),
+        settings,
+    })
+}
+
+fn scheme_error(at: &str, e: &SchemeError) -> ConfigError {
+    ConfigError::new(format!("{at}.{}", e.field()), e.reason())
+}
+
+/// A registered scheduler's settings and the number of queues they give.
+fn scheduler_scheme(
+    s: &pb::SchemeConfig,
+    classes: &[ClassRule],
+) -> Result<(SchemeSettings, usize), ConfigError> {
+    const AT: &str = "scheduler.scheme";
+    let settings = scheme_settings(AT, s)?;
+    let entry = find_scheduler(&settings.name).map_err(|e| scheme_error(AT, &e))?;
+    let queues = entry
+        .queues(&settings.settings)
+        .map_err(|e| scheme_error(AT, &e))?;
+    if entry.classifies && !classes.is_empty() {
+        return Err(ConfigError::new(
+            "classes",
+            format!(
+                "the {} scheduler sorts packets into its queues itself; remove classes",
+                entry.name
+            ),
+        ));
+    }
+    Ok((settings, queues))
+}
+
+fn aqm(aqm: Option<&pb::queue_config::Aqm>) -> Result<AqmConfig, ConfigError> {
     use pb::queue_config::Aqm;
     match aqm {
         None | Some(Aqm::Taildrop(_)) => Ok(AqmConfig::TailDrop),
+        Some(Aqm::Scheme(s)) => {
+            const AT: &str = "queue.aqm.scheme";
+            let settings = scheme_settings(AT, s)?;
+            find_aqm(&settings.name)
+                .and_then(|entry| entry.check(&settings.settings))
+                .map_err(|e| scheme_error(AT, &e))?;
+            Ok(AqmConfig::Scheme(settings))
+        }
         Some(Aqm::Ecn(e)) => {
             if e.threshold_packets == 0 {
                 return Err(ConfigError::new(
@@ -248,6 +324,7 @@ fn scheduler(
     use pb::scheduler_config::Kind;
     Ok(match kind {
         None | Some(Kind::Fcfs(_)) => SchedulerConfig::Fcfs,
+        Some(Kind::Scheme(s)) => SchedulerConfig::Scheme(scheduler_scheme(s, &[])?.0),
         Some(Kind::Priority(_)) => SchedulerConfig::Priority,
         Some(Kind::Wrr(w)) => {
             if let Some(i) = w.weights.iter().position(|&x| x == 0) {

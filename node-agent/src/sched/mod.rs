@@ -15,8 +15,9 @@
 //!
 //! Each scheme is one file implementing one trait: [`Classifier`], [`Aqm`],
 //! [`Scheduler`], [`Shaper`], [`Impairment`]. A new scheme is written against
-//! the traits alone and plugged in with [`Pipeline::with_parts`] (see
-//! `examples/pfabric.rs`). The traits require `Send + Sync` so a pipeline can
+//! the traits alone and registered in [`schemes`] (see `schemes/pfabric.rs`),
+//! after which links name it in YAML; or plugged into one pipeline with
+//! [`Pipeline::with_parts`]. The traits require `Send + Sync` so a pipeline can
 //! live in a task that holds `&self` across an await.
 
 pub mod aqm;
@@ -30,6 +31,7 @@ pub(crate) use payload::checksum_adjust;
 mod pipeline;
 mod queue;
 pub mod scheduler;
+pub mod schemes;
 pub mod shaper;
 
 #[cfg(test)]

@@ -14,6 +14,7 @@ use super::delay_line::DelayLine;
 use super::impair::{Action, Impairment, Netem, Release};
 use super::queue::{Entry, QueueState, Queues};
 use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
+use super::schemes::{self, LinkContext};
 use super::shaper::{Shaper, TokenBucket};
 use super::{PacketMeta, Payload};
 use nextmini_proto::v1::LinkParams;
@@ -144,14 +145,17 @@ pub struct Parts {
 
 impl Parts {
     pub fn from_params(params: &LinkParams, mtu: u32) -> Result<Parts, ConfigError> {
-        Ok(Parts::from_config(&LinkConfig::from_params(params, mtu)?))
+        Parts::from_config(&LinkConfig::from_params(params, mtu)?)
     }
 
-    pub fn from_config(cfg: &LinkConfig) -> Parts {
-        Parts {
-            classifier: classifier(cfg),
-            aqms: (0..cfg.queues).map(|_| aqm(cfg)).collect(),
-            scheduler: scheduler(cfg),
+    /// Fails only for a registered scheme whose settings no longer build, which
+    /// `LinkConfig::from_params` already rules out.
+    pub fn from_config(cfg: &LinkConfig) -> Result<Parts, ConfigError> {
+        let scheduler = scheduler(cfg)?;
+        Ok(Parts {
+            classifier: classifier(cfg, scheduler.as_ref()),
+            aqms: aqms(cfg, cfg.queues)?,
+            scheduler,
             shaper: Box::new(TokenBucket::new(
                 cfg.shaper.rate_bps,
                 cfg.shaper.burst_bytes,
@@ -159,38 +163,59 @@ impl Parts {
             impairment: Box::new(Netem::new(&cfg.impairment)),
             limits: cfg.limits,
             mtu: cfg.mtu,
-        }
+        })
     }
 }
 
-fn classifier(cfg: &LinkConfig) -> Box<dyn Classifier> {
-    Box::new(RuleClassifier::new(
-        cfg.classes.clone(),
-        cfg.default_queue(),
-    ))
+/// The scheduler's own classifier when it sorts packets itself, else the
+/// link's class rules.
+fn classifier(cfg: &LinkConfig, scheduler: &dyn Scheduler) -> Box<dyn Classifier> {
+    scheduler.classifier().unwrap_or_else(|| {
+        Box::new(RuleClassifier::new(
+            cfg.classes.clone(),
+            cfg.default_queue(),
+        ))
+    })
 }
 
-fn aqm(cfg: &LinkConfig) -> Box<dyn Aqm> {
-    match cfg.aqm {
+fn link_context(cfg: &LinkConfig) -> LinkContext {
+    LinkContext {
+        mtu: cfg.mtu,
+        rate_bps: cfg.shaper.rate_bps,
+    }
+}
+
+fn aqms(cfg: &LinkConfig, n: usize) -> Result<Vec<Box<dyn Aqm>>, ConfigError> {
+    (0..n).map(|_| aqm(cfg)).collect()
+}
+
+fn aqm(cfg: &LinkConfig) -> Result<Box<dyn Aqm>, ConfigError> {
+    Ok(match &cfg.aqm {
         AqmConfig::TailDrop => Box::new(TailDrop),
-        AqmConfig::Ecn { threshold_packets } => Box::new(EcnThreshold::new(threshold_packets)),
+        AqmConfig::Ecn { threshold_packets } => Box::new(EcnThreshold::new(*threshold_packets)),
         AqmConfig::Red(red) => {
             let tx_time_ns = match cfg.shaper.rate_bps {
                 0 => UNLIMITED_TX_TIME_NS,
                 rate => u64::from(cfg.mtu) * 8_000_000_000 / rate,
             };
-            Box::new(Red::new(&red, tx_time_ns))
+            Box::new(Red::new(red, tx_time_ns))
         }
-    }
+        AqmConfig::Scheme(s) => schemes::find_aqm(&s.name)
+            .and_then(|entry| entry.build(&s.settings, &link_context(cfg)))
+            .map_err(|e| ConfigError::new(format!("queue.aqm.scheme.{}", e.field()), e.reason()))?,
+    })
 }
 
-fn scheduler(cfg: &LinkConfig) -> Box<dyn Scheduler> {
-    match &cfg.scheduler {
+fn scheduler(cfg: &LinkConfig) -> Result<Box<dyn Scheduler>, ConfigError> {
+    Ok(match &cfg.scheduler {
         SchedulerConfig::Fcfs => Box::new(Fcfs),
         SchedulerConfig::Priority => Box::new(StrictPriority),
         SchedulerConfig::Wrr { weights } => Box::new(Wrr::new(weights.clone())),
         SchedulerConfig::Drr { quanta } => Box::new(Drr::new(quanta.clone())),
-    }
+        SchedulerConfig::Scheme(s) => schemes::find_scheduler(&s.name)
+            .and_then(|entry| entry.build(&s.settings, &link_context(cfg)))
+            .map_err(|e| ConfigError::new(format!("scheduler.scheme.{}", e.field()), e.reason()))?,
+    })
 }
 
 pub struct Pipeline<P> {
@@ -233,7 +258,7 @@ impl<P: Payload> Pipeline<P> {
     /// DRR quantum; `seed` makes every random decision reproducible.
     pub fn new(params: &LinkParams, mtu: u32, seed: u64) -> Result<Pipeline<P>, ConfigError> {
         let cfg = LinkConfig::from_params(params, mtu)?;
-        let mut pipeline = Pipeline::with_parts(Parts::from_config(&cfg), seed)?;
+        let mut pipeline = Pipeline::with_parts(Parts::from_config(&cfg)?, seed)?;
         pipeline.applied = Some(cfg);
         Ok(pipeline)
     }
@@ -388,10 +413,23 @@ impl<P: Payload> Pipeline<P> {
     /// its shaper, which is told the new rate. On error nothing changes.
     pub fn reconfigure_at(&mut self, params: &LinkParams, now: u64) -> Result<(), ConfigError> {
         let cfg = LinkConfig::from_params(params, self.mtu)?;
+        let queues_changed = cfg.queues != self.queues.len();
+        let old = self.applied.as_ref();
+        // Everything that can fail is built before anything changes.
+        let new_aqms = if old.is_none_or(|o| o.aqm != cfg.aqm) {
+            Some(aqms(&cfg, cfg.queues)?)
+        } else {
+            None
+        };
+        let extra_aqms = aqms(&cfg, cfg.queues.saturating_sub(self.aqms.len()))?;
+        let new_scheduler = if queues_changed || old.is_none_or(|o| o.scheduler != cfg.scheduler) {
+            Some(scheduler(&cfg)?)
+        } else {
+            None
+        };
         self.advance(now);
         let now = now.max(self.clock);
         let old = self.applied.take();
-        let queues_changed = cfg.queues != self.queues.len();
         if queues_changed {
             self.queues.resize(cfg.queues);
             self.stats
@@ -399,16 +437,17 @@ impl<P: Payload> Pipeline<P> {
                 .resize(cfg.queues, QueueDepth::default());
             (0..cfg.queues).for_each(|q| self.sync_depth(q));
         }
-        self.classifier = classifier(&cfg);
-        if old.as_ref().is_none_or(|o| o.aqm != cfg.aqm) {
-            self.aqms = (0..cfg.queues).map(|_| aqm(&cfg)).collect();
-        } else {
-            self.aqms.truncate(cfg.queues);
-            self.aqms.resize_with(cfg.queues, || aqm(&cfg));
+        match new_aqms {
+            Some(aqms) => self.aqms = aqms,
+            None => {
+                self.aqms.truncate(cfg.queues);
+                self.aqms.extend(extra_aqms);
+            }
         }
-        if queues_changed || old.as_ref().is_none_or(|o| o.scheduler != cfg.scheduler) {
-            self.scheduler = scheduler(&cfg);
+        if let Some(scheduler) = new_scheduler {
+            self.scheduler = scheduler;
         }
+        self.classifier = classifier(&cfg, self.scheduler.as_ref());
         self.shaper
             .set_rate(cfg.shaper.rate_bps, cfg.shaper.burst_bytes, now);
         if old.as_ref().is_none_or(|o| o.impairment != cfg.impairment) {

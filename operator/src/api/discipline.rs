@@ -35,9 +35,9 @@ pub struct QueueSpec {
 #[serde(
     rename_all = "camelCase",
     deny_unknown_fields,
-    expecting = "a mapping with one of taildrop, red, ecn, e.g. {taildrop: {}}"
+    expecting = "a mapping with one of taildrop, red, ecn, scheme, e.g. {taildrop: {}}"
 )]
-#[x_kube(validation = Rule::new("(has(self.taildrop) ? 1 : 0) + (has(self.red) ? 1 : 0) + (has(self.ecn) ? 1 : 0) == 1").message("set exactly one of taildrop, red, ecn"))]
+#[x_kube(validation = Rule::new("(has(self.taildrop) ? 1 : 0) + (has(self.red) ? 1 : 0) + (has(self.ecn) ? 1 : 0) + (has(self.scheme) ? 1 : 0) == 1").message("set exactly one of taildrop, red, ecn, scheme"))]
 pub struct AqmSpec {
     /// Drop arriving packets while the queue is full.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -49,6 +49,9 @@ pub struct AqmSpec {
     /// Mark ECN-capable packets while the queue is longer than a threshold (DCTCP-style).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ecn: Option<EcnSpec>,
+    /// A registered AQM scheme, by name, with its own settings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<SchemeSpec>,
 }
 
 impl AqmSpec {
@@ -58,11 +61,36 @@ impl AqmSpec {
             self.taildrop.is_some(),
             self.red.is_some(),
             self.ecn.is_some(),
+            self.scheme.is_some(),
         ]
         .into_iter()
         .filter(|&set| set)
         .count()
     }
+}
+
+/// A scheme from the agent's registry (`node-agent/src/sched/schemes`): its name
+/// and its settings, which the scheme's own types check.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SchemeSpec {
+    /// The registered name, e.g. `pfabric`.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// The scheme's settings, as its documentation gives them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_mapping")]
+    pub settings: Option<serde_json::Value>,
+}
+
+/// A mapping the API server keeps as written: a scheme's settings are checked by
+/// the scheme, not by the CRD.
+fn free_form_mapping(_: &mut SchemaGenerator) -> Schema {
+    json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+        "description": "the scheme's settings",
+    })
 }
 
 /// A choice that takes no settings, written `{}`.
@@ -123,9 +151,9 @@ pub struct EcnSpec {
 #[serde(
     rename_all = "camelCase",
     deny_unknown_fields,
-    expecting = "a mapping with one of fcfs, wrr, drr, priority, e.g. {fcfs: {}}"
+    expecting = "a mapping with one of fcfs, wrr, drr, priority, scheme, e.g. {fcfs: {}}"
 )]
-#[x_kube(validation = Rule::new("(has(self.fcfs) ? 1 : 0) + (has(self.wrr) ? 1 : 0) + (has(self.drr) ? 1 : 0) + (has(self.priority) ? 1 : 0) == 1").message("set exactly one of fcfs, wrr, drr, priority"))]
+#[x_kube(validation = Rule::new("(has(self.fcfs) ? 1 : 0) + (has(self.wrr) ? 1 : 0) + (has(self.drr) ? 1 : 0) + (has(self.priority) ? 1 : 0) + (has(self.scheme) ? 1 : 0) == 1").message("set exactly one of fcfs, wrr, drr, priority, scheme"))]
 pub struct SchedulerSpec {
     /// One queue, first come first served.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -139,6 +167,10 @@ pub struct SchedulerSpec {
     /// Strict priority: queue 0 is always served first.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority: Option<PrioritySpec>,
+    /// A registered scheduler scheme, by name, with its own settings (e.g.
+    /// `{name: pfabric, settings: {flows: [{port: 5001, bytes: 1000000}]}}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheme: Option<SchemeSpec>,
 }
 
 impl SchedulerSpec {
@@ -149,6 +181,7 @@ impl SchedulerSpec {
             self.wrr.is_some(),
             self.drr.is_some(),
             self.priority.is_some(),
+            self.scheme.is_some(),
         ]
         .into_iter()
         .filter(|&set| set)
@@ -318,8 +351,8 @@ mod tests {
     fn the_api_server_enforces_the_choices() {
         let yaml = crate::crdgen::crd_yaml();
         for message in [
-            "set exactly one of taildrop, red, ecn",
-            "set exactly one of fcfs, wrr, drr, priority",
+            "set exactly one of taildrop, red, ecn, scheme",
+            "set exactly one of fcfs, wrr, drr, priority, scheme",
             "red: min must be less than max",
         ] {
             assert!(yaml.contains(message), "CRD lacks the rule {message:?}");
@@ -344,6 +377,6 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(e.contains("one of fcfs, wrr, drr, priority"), "{e}");
+        assert!(e.contains("one of fcfs, wrr, drr, priority, scheme"), "{e}");
     }
 }

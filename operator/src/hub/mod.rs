@@ -9,7 +9,7 @@
 mod batcher;
 mod fidelity;
 mod observability;
-mod params;
+pub(crate) mod params;
 mod repair;
 mod session;
 mod snapshot;

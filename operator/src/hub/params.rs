@@ -46,8 +46,24 @@ fn distribution(d: JitterDistribution) -> pb::JitterDistribution {
     }
 }
 
+/// A scheme's settings as the agent reads them: JSON, empty when unset.
+fn scheme(name: &str, settings: &serde_json::Value) -> pb::SchemeConfig {
+    pb::SchemeConfig {
+        name: name.to_owned(),
+        settings_json: if settings.is_null() {
+            String::new()
+        } else {
+            settings.to_string()
+        },
+    }
+}
+
 fn aqm(a: &Aqm) -> pb::queue_config::Aqm {
     match *a {
+        Aqm::Scheme {
+            ref name,
+            ref settings,
+        } => pb::queue_config::Aqm::Scheme(scheme(name, settings)),
         Aqm::TailDrop => pb::queue_config::Aqm::Taildrop(pb::TailDrop {}),
         Aqm::Red {
             min_packets,
@@ -79,6 +95,7 @@ fn scheduler(s: &SchedulerKind) -> pb::scheduler_config::Kind {
             quantum_bytes: quantum_bytes.clone(),
         }),
         SchedulerKind::Priority { bands } => Kind::Priority(pb::StrictPriority { bands: *bands }),
+        SchedulerKind::Scheme { name, settings } => Kind::Scheme(scheme(name, settings)),
     }
 }
 

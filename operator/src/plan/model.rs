@@ -2,6 +2,7 @@
 //! Local mode and the Kubernetes controllers both build it with the same code.
 
 use ipnet::Ipv4Net;
+use nextmini_agent::sched::schemes;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::net::Ipv4Addr;
@@ -304,6 +305,14 @@ pub enum Aqm {
         #[schemars(range(min = 1))]
         threshold_packets: u32,
     },
+    /// A registered AQM (`node-agent/src/sched/schemes`); the hub holds its
+    /// settings to the scheme's own types.
+    Scheme {
+        #[schemars(schema_with = "registered_aqm_name")]
+        name: String,
+        #[serde(default)]
+        settings: serde_json::Value,
+    },
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -326,6 +335,26 @@ pub enum SchedulerKind {
         #[schemars(range(min = 1, max = crate::api::MAX_BANDS))]
         bands: u32,
     },
+    /// A registered scheduler (`node-agent/src/sched/schemes`); the hub holds its
+    /// settings to the scheme's own types.
+    Scheme {
+        #[schemars(schema_with = "registered_scheduler_name")]
+        name: String,
+        #[serde(default)]
+        settings: serde_json::Value,
+    },
+}
+
+/// The stored rules accept only the names the agent's registry has, so a SQL
+/// write cannot name a scheme no agent can build.
+fn registered_scheduler_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = schemes::SCHEDULERS.iter().map(|e| e.name).collect();
+    schemars::json_schema!({ "type": "string", "enum": names })
+}
+
+fn registered_aqm_name(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let names: Vec<&str> = schemes::AQMS.iter().map(|e| e.name).collect();
+    schemars::json_schema!({ "type": "string", "enum": names })
 }
 
 impl SchedulerKind {
@@ -336,6 +365,10 @@ impl SchedulerKind {
             SchedulerKind::Wrr { weights } => weights.len(),
             SchedulerKind::Drr { quantum_bytes } => quantum_bytes.len(),
             SchedulerKind::Priority { bands } => usize::try_from(*bands).unwrap_or(usize::MAX),
+            // Checked before it gets here; an unknown scheme serves nothing.
+            SchedulerKind::Scheme { name, settings } => schemes::find_scheduler(name)
+                .and_then(|e| e.queues(settings))
+                .unwrap_or(0),
         }
     }
 }

@@ -90,6 +90,11 @@ fn aqm(a: &AqmSpec) -> Aqm {
         Aqm::Ecn {
             threshold_packets: ecn.threshold,
         }
+    } else if let Some(scheme) = &a.scheme {
+        Aqm::Scheme {
+            name: scheme.name.clone(),
+            settings: scheme.settings.clone().unwrap_or_default(),
+        }
     } else {
         Aqm::TailDrop
     }
@@ -112,6 +117,11 @@ fn scheduler(s: &SchedulerSpec) -> SchedulerKind {
         SchedulerKind::Priority {
             bands: priority.bands,
         }
+    } else if let Some(scheme) = &s.scheme {
+        SchedulerKind::Scheme {
+            name: scheme.name.clone(),
+            settings: scheme.settings.clone().unwrap_or_default(),
+        }
     } else {
         SchedulerKind::Fcfs
     }
@@ -126,7 +136,7 @@ pub(crate) fn queue_count(s: Option<&SchedulerSpec>) -> Option<usize> {
     if s.kinds_set() != 1 {
         return None;
     }
-    Some(scheduler(s).queues())
+    Some(scheduler(s).queues()).filter(|&n| n > 0)
 }
 
 fn class(c: &ClassSpec) -> ClassRule {

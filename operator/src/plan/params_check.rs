@@ -14,6 +14,7 @@ use crate::api::{
     AqmSpec, ClassSpec, LinkParamsSpec, MAX_BANDS, MAX_CLASSES, MAX_QUEUES, SchedulerSpec,
 };
 use crate::units::{Duration, Size};
+use nextmini_agent::sched::schemes;
 use std::collections::HashSet;
 
 /// Checks `linkDefaults`, each link's own parameters and overrides, and each direction
@@ -214,7 +215,13 @@ fn at_least_a_packet(
 
 fn aqm_rules(layer: &Layer, aqm: &AqmSpec, out: &mut Vec<FieldError>) {
     if aqm.kinds_set() != 1 {
-        out.push(layer.error("queue.aqm", "set exactly one of taildrop, red, ecn"));
+        out.push(layer.error("queue.aqm", "set exactly one of taildrop, red, ecn, scheme"));
+    }
+    if let Some(scheme) = &aqm.scheme {
+        let settings = scheme.settings.clone().unwrap_or_default();
+        if let Err(e) = schemes::find_aqm(&scheme.name).and_then(|a| a.check(&settings)) {
+            out.push(layer.error(format!("queue.aqm.scheme.{}", e.field()), e.reason()));
+        }
     }
     if let Some(red) = &aqm.red {
         if red.min >= red.max {
@@ -240,7 +247,16 @@ fn aqm_rules(layer: &Layer, aqm: &AqmSpec, out: &mut Vec<FieldError>) {
 
 fn scheduler_rules(layer: &Layer, s: &SchedulerSpec, out: &mut Vec<FieldError>) {
     if s.kinds_set() != 1 {
-        out.push(layer.error("scheduler", "set exactly one of fcfs, wrr, drr, priority"));
+        out.push(layer.error(
+            "scheduler",
+            "set exactly one of fcfs, wrr, drr, priority, scheme",
+        ));
+    }
+    if let Some(scheme) = &s.scheme {
+        let settings = scheme.settings.clone().unwrap_or_default();
+        if let Err(e) = schemes::find_scheduler(&scheme.name).and_then(|e| e.queues(&settings)) {
+            out.push(layer.error(format!("scheduler.scheme.{}", e.field()), e.reason()));
+        }
     }
     let count = |field: &str, n: usize, out: &mut Vec<FieldError>| {
         if n == 0 {
@@ -359,10 +375,26 @@ impl<'l, 'a> Direction<'l, 'a> {
             return;
         };
         let scheduler = pick(&self.specs, |s| s.scheduler.as_ref());
+        let class_layer = &self.layers[ci];
+        if let Some((spec, si)) = scheduler
+            && let Some(scheme) = &spec.scheme
+            && schemes::find_scheduler(&scheme.name).is_ok_and(|e| e.classifies)
+        {
+            if !classes.is_empty() && self.owns(ci) {
+                out.push(class_layer.error(
+                    "classes",
+                    format!(
+                        "the {} scheduler at {} sorts packets into its queues itself; remove classes",
+                        scheme.name,
+                        self.layers[si].path("scheduler", class_layer)
+                    ),
+                ));
+            }
+            return;
+        }
         let Some(n) = queue_count(scheduler.map(|(s, _)| s)).filter(|&n| n > 0) else {
             return; // a scheduler without a single kind or queues is reported on its own
         };
-        let class_layer = &self.layers[ci];
         for (i, c) in classes.iter().enumerate() {
             if usize::try_from(c.queue).is_ok_and(|q| q < n) {
                 continue;

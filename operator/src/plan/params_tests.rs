@@ -252,7 +252,7 @@ fn parameter_rules_name_the_field_and_the_layer_to_fix() {
         (
             topo,
             "spec.links[0].scheduler",
-            "set exactly one of fcfs, wrr, drr, priority",
+            "set exactly one of fcfs, wrr, drr, priority, scheme",
         ),
         (
             topo,
@@ -277,7 +277,7 @@ fn parameter_rules_name_the_field_and_the_layer_to_fix() {
         (
             topo,
             "spec.links[1].queue.aqm",
-            "set exactly one of taildrop, red, ecn",
+            "set exactly one of taildrop, red, ecn, scheme",
         ),
         (
             topo,
@@ -495,4 +495,97 @@ fn stored_json_uses_the_protocol_names_and_reads_old_rows() {
         Some(LinkParams::default())
     );
     assert!(serde_json::from_str::<LinkParams>(r#"{"rate": 5}"#).is_err());
+}
+
+const PFABRIC: &str = include_str!("../../../manifests/examples/pfabric.yaml");
+
+#[test]
+fn a_registered_scheme_reaches_the_agent_with_its_settings() {
+    let p = plan("pfabric.yaml", PFABRIC);
+    let bottleneck = link(&p, "bottleneck");
+    let SchedulerKind::Scheme { name, settings } = &bottleneck.backward.scheduler else {
+        panic!("not a scheme: {:?}", bottleneck.backward.scheduler)
+    };
+    assert_eq!(name, "pfabric");
+    assert_eq!(
+        settings["flows"][1],
+        serde_json::json!({"port": 8003, "bytes": 200000})
+    );
+    // Two listed flows and everyone else.
+    assert_eq!(bottleneck.backward.scheduler.queues(), 3);
+    assert_eq!(bottleneck.forward.scheduler, SchedulerKind::Fcfs);
+    let sent = crate::hub::params::to_proto(&bottleneck.backward);
+    let Some(nextmini_proto::v1::scheduler_config::Kind::Scheme(scheme)) =
+        sent.scheduler.as_ref().and_then(|s| s.kind.clone())
+    else {
+        panic!("the hub does not send the scheme")
+    };
+    assert_eq!(scheme.name, "pfabric");
+    // What the agent builds from it: the same check the planner made.
+    let cfg = nextmini_agent::sched::LinkConfig::from_params(&sent, 1500)
+        .expect("the agent accepts what the planner accepted");
+    assert_eq!(cfg.queues, 3);
+}
+
+#[test]
+fn a_scheme_is_refused_by_name_and_by_setting() {
+    const DOC: &str = "x.yaml document 1 (Topology/t)";
+    let text = |scheduler: &str| {
+        topology_with(&format!(
+            "{{nodes: [{{name: a}}, {{name: b}}], links: [{{endpoints: [a, b], rate: 10Mbit, scheduler: {scheduler}}}]}}"
+        ))
+    };
+    let errors = plan_errors("x.yaml", &text("{scheme: {name: fifo}}"));
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].scheduler.scheme.name",
+        "no scheduler scheme is called \"fifo\"; registered: pfabric",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &text(
+            "{scheme: {name: pfabric, settings: {flows: [{port: 80, bytes: 1}, {port: 80000, bytes: 1}]}}}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].scheduler.scheme.settings.flows[1].port",
+        "80000",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &text("{scheme: {name: pfabric, settings: {flows: [{port: 80, bytes: 0}]}}}"),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].scheduler.scheme.settings.flows[0].bytes",
+        "must be greater than 0",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &topology_with(
+            "{nodes: [{name: a}, {name: b}], linkDefaults: {scheduler: {scheme: {name: pfabric, settings: {flows: []}}}}, links: [{endpoints: [a, b], classes: [{queue: 0, dscp: 46}]}]}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].classes",
+        "sorts packets into its queues itself; remove classes",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &topology_with(
+            "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], queue: {aqm: {scheme: {name: nothing}}}}]}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].queue.aqm.scheme.name",
+        "no AQM scheme is called \"nothing\"",
+    );
 }

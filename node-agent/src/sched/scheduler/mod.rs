@@ -10,9 +10,15 @@ pub use fcfs::Fcfs;
 pub use priority::StrictPriority;
 pub use wrr::Wrr;
 
-use super::{PacketMeta, QueueState};
+use super::{Classifier, PacketMeta, QueueState};
 
 pub trait Scheduler: Send + Sync {
+    /// A scheduler that sorts packets into its queues itself (pFabric: one queue
+    /// per flow) gives the classifier here; it then replaces the link's class rules.
+    fn classifier(&self) -> Option<Box<dyn Classifier>> {
+        None
+    }
+
     /// The non-empty queue to serve next, or `None` when all are empty. The pipeline
     /// may ask again before dequeuing (e.g. while the shaper holds the packet back),
     /// so asking twice with nothing in between must give the same answer.

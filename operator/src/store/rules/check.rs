@@ -285,6 +285,10 @@ impl Walk<'_> {
     }
 }
 
+/// What the class check assumes of a registered scheme: the most queues any
+/// scheduler may have (migration 0013 says the same).
+const SCHEME_QUEUES_BOUND: i128 = nextmini_agent::sched::schemes::MAX_SCHEME_QUEUES as i128;
+
 /// How many queues a stored scheduler serves (as `SchedulerKind::queues`).
 fn queue_count(scheduler: Option<&Value>) -> i128 {
     let Some(Value::Object(o)) = scheduler else {
@@ -300,6 +304,11 @@ fn queue_count(scheduler: Option<&Value>) -> i128 {
             Some(Num::Int(n)) => n,
             _ => 0,
         }
+    } else if o.contains_key("scheme") {
+        // A registered scheme's queues follow from its settings, which only the
+        // scheme reads (the hub does, before the agent gets them); here the bound
+        // every scheduler shares.
+        SCHEME_QUEUES_BOUND
     } else {
         1
     }

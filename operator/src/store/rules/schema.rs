@@ -222,7 +222,7 @@ spec:
             (
                 "/queue/aqm",
                 json!("codel"),
-                "p.queue.aqm: must be one of taildrop, red, ecn, got \"codel\"",
+                "p.queue.aqm: must be one of taildrop, red, ecn, scheme, got \"codel\"",
             ),
             (
                 "/scheduler/priority/bands",
@@ -232,7 +232,12 @@ spec:
             (
                 "/scheduler",
                 json!("nonsense"),
-                "p.scheduler: must be one of fcfs, wrr, drr, priority",
+                "p.scheduler: must be one of fcfs, wrr, drr, priority, scheme",
+            ),
+            (
+                "/scheduler",
+                json!({"scheme": {"name": "fifo", "settings": {}}}),
+                "p.scheduler.scheme.name: must be one of pfabric",
             ),
             (
                 "/scheduler",
