@@ -254,6 +254,52 @@ pub struct LinkParams {
     pub classes: Vec<ClassRule>,
 }
 
+impl LinkParams {
+    /// What the stored rules cannot see of a registered scheme (they check its name,
+    /// not its settings), as (`key`, reason): the hub holds every row it loads to
+    /// this, so a SQL write with settings no agent can build runs the last good state.
+    pub fn scheme_problem(&self) -> Option<(String, String)> {
+        if let SchedulerKind::Scheme { name, settings } = &self.scheduler {
+            let entry = match schemes::find_scheduler(name) {
+                Ok(entry) => entry,
+                Err(e) => return Some((format!("scheduler.scheme.{}", e.field()), e.reason())),
+            };
+            let queues = match entry.queues(settings) {
+                Ok(queues) => queues,
+                Err(e) => return Some((format!("scheduler.scheme.{}", e.field()), e.reason())),
+            };
+            if entry.classifies && !self.classes.is_empty() {
+                return Some((
+                    "classes".into(),
+                    format!(
+                        "the {name} scheduler sorts packets into its queues itself; remove classes"
+                    ),
+                ));
+            }
+            if let Some((i, c)) = self
+                .classes
+                .iter()
+                .enumerate()
+                .find(|(_, c)| usize::try_from(c.queue).map_or(true, |q| q >= queues))
+            {
+                return Some((
+                    format!("classes[{i}].queue"),
+                    format!(
+                        "queue {} does not exist: the scheduler has {queues} queue(s)",
+                        c.queue
+                    ),
+                ));
+            }
+        }
+        if let Aqm::Scheme { name, settings } = &self.queue.aqm
+            && let Err(e) = schemes::find_aqm(name).and_then(|a| a.check(settings))
+        {
+            return Some((format!("queue.aqm.scheme.{}", e.field()), e.reason()));
+        }
+        None
+    }
+}
+
 /// The longest delay or jitter a link may have: 60 s, far beyond any real path
 /// (a geostationary hop is 0.3 s), short enough that a typo in the unit is refused
 /// rather than holding every packet for a day.

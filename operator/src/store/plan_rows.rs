@@ -380,7 +380,11 @@ impl ParamsChecker {
                     None => serde_json::from_value::<LinkParams>(v)
                         .map_err(|e| format!("{column}: {e}")),
                 },
-            );
+            )
+            .and_then(|p| match p.scheme_problem() {
+                Some((key, reason)) => Err(format!("{column}.{key}: {reason}")),
+                None => Ok(p),
+            });
         self.seen.insert(key, verdict.clone());
         verdict
     }
@@ -446,6 +450,28 @@ pub fn transport_str(t: Transport) -> &'static str {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stored_scheme_is_held_to_its_own_settings() {
+        let mut checker = ParamsChecker::new(1500);
+        let good = r#"{"scheduler": {"scheme": {"name": "pfabric", "settings": {"flows": [{"port": 80, "bytes": 1000}]}}}}"#;
+        assert!(checker.check("params_forward", good).is_ok());
+        let bad = r#"{"scheduler": {"scheme": {"name": "pfabric", "settings": {"flows": [{"port": 80, "bytes": 0}]}}}}"#;
+        assert_eq!(
+            checker.check("params_forward", bad).err().as_deref(),
+            Some("params_forward.scheduler.scheme.settings.flows[0].bytes: must be greater than 0")
+        );
+        let classes = r#"{"scheduler": {"scheme": {"name": "pfabric", "settings": {"flows": []}}}, "classes": [{"queue": 0}]}"#;
+        assert!(
+            checker.check("params_backward", classes).is_err_and(
+                |e| e.starts_with("params_backward.classes: the pfabric scheduler sorts")
+            )
+        );
+        let pie = r#"{"queue": {"aqm": {"scheme": {"name": "pie", "settings": {"alpha": -1}}}}}"#;
+        assert!(checker.check("params_forward", pie).is_err_and(|e| {
+            e.starts_with("params_forward.queue.aqm.scheme.settings.alpha: must be above 0")
+        }));
+    }
 
     #[test]
     fn placements_round_trip_through_their_column() {
