@@ -263,6 +263,20 @@ impl Env {
             .ok()
     }
 
+    /// `nextmini up -f` of `yaml` (written to the state directory), then waits up to
+    /// 10 s until every agent of `topology` runs it: how a test changes a running
+    /// topology as a user would.
+    pub fn apply_yaml(&self, topology: &str, yaml: &str) {
+        let path = self.state_dir.join(format!("{topology}.yaml"));
+        std::fs::write(&path, yaml).expect("manifest");
+        self.ok(&["up", "-f", path.to_str().expect("path")]);
+        self.wait_for(
+            "agents to apply the change",
+            Duration::from_secs(10),
+            || all_acked(self, topology),
+        );
+    }
+
     /// Polls `check` every 100 ms until it returns true or `limit` passes.
     pub fn wait_for(&self, what: &str, limit: Duration, mut check: impl FnMut() -> bool) {
         let deadline = Instant::now() + limit;

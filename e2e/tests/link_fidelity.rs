@@ -5,8 +5,8 @@
 //! shares measured on UDP probes. Figures are printed for BENCHMARKS.md.
 
 use nextmini_e2e::{
-    Env, all_acked, fidelity_episodes, iperf3, link_counter, ping_avg_ms, repo_path, sha256_file,
-    tcp_goodput, tcp_payload_ratio,
+    Env, fidelity_episodes, iperf3, link_counter, ping_avg_ms, repo_path, sha256_file, tcp_goodput,
+    tcp_payload_ratio,
 };
 use std::time::{Duration, Instant};
 
@@ -36,14 +36,7 @@ fn manifest(topology: &str, nodes: &[(&str, &str)], links: &[(&str, &str, &str, 
 
 /// `nextmini up -f` of the manifest, then waits until every agent runs it.
 fn apply(env: &Env, topology: &str, yaml: &str) {
-    let path = env.state_dir.join(format!("{topology}.yaml"));
-    std::fs::write(&path, yaml).expect("manifest");
-    env.ok(&["up", "-f", path.to_str().expect("path")]);
-    env.wait_for(
-        "agents to apply the change",
-        Duration::from_secs(10),
-        || all_acked(env, topology),
-    );
+    env.apply_yaml(topology, yaml);
 }
 
 fn start_iperf_server(env: &mut Env, node: &str) {

@@ -9,7 +9,7 @@
 //!
 //! Each scheme is switched in by re-applying the manifest, as a user would.
 
-use nextmini_e2e::{Env, all_acked, ping_avg_ms, repo_path, write_random_file};
+use nextmini_e2e::{Env, ping_avg_ms, repo_path, write_random_file};
 use std::time::{Duration, Instant};
 
 const TOPOLOGY: &str = "pfabric";
@@ -34,21 +34,12 @@ fn manifest(backward: &str) -> String {
     format!("{}{backward}\n{}", &example[..start], &example[end..])
 }
 
-fn apply(env: &Env, yaml: &str) {
-    let path = env.state_dir.join("pfabric.yaml");
-    std::fs::write(&path, yaml).expect("manifest");
-    env.ok(&["up", "-f", path.to_str().expect("path")]);
-    env.wait_for(
-        "agents to apply the change",
-        Duration::from_secs(10),
-        || all_acked(env, TOPOLOGY),
-    );
-}
-
-/// Seconds curl in the receiver takes for `file` from the sender's `port`.
-fn download_secs(env: &Env, port: u16, file: &str) -> f64 {
+/// curl in the receiver for `file` from the sender's `port`, printing the seconds
+/// it took.
+fn fetch(env: &Env, port: u16, file: &str, max_secs: u32) -> std::process::Output {
     let url = format!("http://sender:{port}/{file}");
-    let out = env.exec(
+    let max = max_secs.to_string();
+    env.exec(
         "receiver",
         &[
             "curl",
@@ -57,15 +48,20 @@ fn download_secs(env: &Env, port: u16, file: &str) -> f64 {
             "-o",
             "/dev/null",
             "--max-time",
-            "30",
+            &max,
             "-w",
             "%{time_total}",
             &url,
         ],
-    );
+    )
+}
+
+/// Seconds curl in the receiver takes for `file` from the sender's `port`.
+fn download_secs(env: &Env, port: u16, file: &str) -> f64 {
+    let out = fetch(env, port, file, 30);
     assert!(
         out.status.success(),
-        "curl {url} failed: {}",
+        "curl of {file} from port {port} failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout)
@@ -138,7 +134,7 @@ fn under_load(env: &mut Env, what: &str, ping: bool) -> (f64, Option<f64>) {
 #[test]
 fn pfabric_and_pie_change_what_traffic_sees() {
     let mut env = Env::new("schemes");
-    apply(&env, &manifest(PFABRIC));
+    env.apply_yaml(TOPOLOGY, &manifest(PFABRIC));
     let files = env.state_dir.join("files");
     std::fs::create_dir_all(&files).expect("files dir");
     write_random_file(&files.join("mouse"), MOUSE_BYTES, 2);
@@ -154,30 +150,16 @@ fn pfabric_and_pie_change_what_traffic_sees() {
             .success()
     });
     env.wait_for("the HTTP server", Duration::from_secs(20), || {
-        env.exec(
-            "receiver",
-            &[
-                "curl",
-                "-s",
-                "--fail",
-                "-o",
-                "/dev/null",
-                "--max-time",
-                "2",
-                "http://sender:8003/mouse",
-            ],
-        )
-        .status
-        .success()
+        fetch(&env, 8003, "mouse", 2).status.success()
     });
     let idle = download_secs(&env, 8003, "mouse");
     println!("idle: short download {:.0} ms", idle * 1e3);
 
     let (pfabric_mouse, _) = under_load(&mut env, "pfabric", false);
-    apply(&env, &manifest("scheduler: {fcfs: {}}"));
+    env.apply_yaml(TOPOLOGY, &manifest("scheduler: {fcfs: {}}"));
     let (fcfs_mouse, fcfs_rtt) = under_load(&mut env, "fcfs, taildrop", true);
-    apply(
-        &env,
+    env.apply_yaml(
+        TOPOLOGY,
         &manifest(
             "scheduler: {fcfs: {}}\n    queue:\n      aqm:\n        scheme: {name: pie, settings: {targetMs: 5}}",
         ),

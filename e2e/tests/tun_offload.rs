@@ -4,8 +4,7 @@
 //! so its loss rate and its rate are those configured.
 
 use nextmini_e2e::{
-    Env, all_acked, iperf3, link_counter, sha256_file, tcp_goodput, tcp_payload_ratio,
-    write_random_file,
+    Env, iperf3, link_counter, sha256_file, tcp_goodput, tcp_payload_ratio, write_random_file,
 };
 use std::io::{Read, Write};
 use std::time::Duration;
@@ -28,14 +27,7 @@ fn manifest(bc: &str) -> String {
 }
 
 fn apply(env: &Env, yaml: &str) {
-    let path = env.state_dir.join("offl.yaml");
-    std::fs::write(&path, yaml).expect("manifest");
-    env.ok(&["up", "-f", path.to_str().expect("path")]);
-    env.wait_for(
-        "agents to apply the change",
-        Duration::from_secs(10),
-        || all_acked(env, TOPOLOGY),
-    );
+    env.apply_yaml(TOPOLOGY, yaml);
 }
 
 /// The agent's counter `name{…direction="…"}`, read from its metrics socket.
