@@ -92,15 +92,18 @@ e2e: setup-test
 #           flows, both mappings (the paper's Fig. 4; about 3 min)
 #   shaped  CPU per packet of a 200 Mbit/s, 5 ms line, plain and impaired, against
 #           an unshaped one (issue 14.1; about 1 min)
-BENCH ?= flows hops memory scale load processors shaped
+#   fidelity  a fat-tree (k=4) at 300 Mbit/s with one and four TCP flows, and a
+#           7-node line at 1 Gbit/s, against their expected goodput, with what the
+#           fidelity guard said (issue 14.2; about 2 min)
+BENCH ?= flows hops memory scale load processors shaped fidelity
 PROCESSORS ?= 1 2 4
 HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench:
-	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped) ;; \
-	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped)" >&2; exit 2 ;; esac; done
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped|fidelity) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped, fidelity)" >&2; exit 2 ;; esac; done
 	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
@@ -115,6 +118,7 @@ bench:
 	    load) $(BENCH_TARGET_DIR)/release/examples/control_load $(LOAD_ARGS) ;; \
 	    processors) $(BENCH_TARGET_DIR)/release/examples/bench_processors $(PROCESSORS) ;; \
 	    shaped) $(BENCH_TARGET_DIR)/release/examples/bench_shaped ;; \
+	    fidelity) $(BENCH_TARGET_DIR)/release/examples/bench_fidelity ;; \
 	  esac; \
 	done
 	/usr/bin/python3 bench/plot.py
