@@ -415,14 +415,22 @@ impl<P: Payload> Pipeline<P> {
         let cfg = LinkConfig::from_params(params, self.mtu)?;
         let queues_changed = cfg.queues != self.queues.len();
         let old = self.applied.as_ref();
+        // A registered scheme was built for the link's rate (PIE estimates delay
+        // from it): a new rate makes a new one.
+        let context_changed = old.is_none_or(|o| link_context(o) != link_context(&cfg));
+        let aqm_scheme = matches!(cfg.aqm, AqmConfig::Scheme(_));
+        let scheduler_scheme = matches!(cfg.scheduler, SchedulerConfig::Scheme(_));
         // Everything that can fail is built before anything changes.
-        let new_aqms = if old.is_none_or(|o| o.aqm != cfg.aqm) {
+        let new_aqms = if old.is_none_or(|o| o.aqm != cfg.aqm) || (aqm_scheme && context_changed) {
             Some(aqms(&cfg, cfg.queues)?)
         } else {
             None
         };
         let extra_aqms = aqms(&cfg, cfg.queues.saturating_sub(self.aqms.len()))?;
-        let new_scheduler = if queues_changed || old.is_none_or(|o| o.scheduler != cfg.scheduler) {
+        let new_scheduler = if queues_changed
+            || old.is_none_or(|o| o.scheduler != cfg.scheduler)
+            || (scheduler_scheme && context_changed)
+        {
             Some(scheduler(&cfg)?)
         } else {
             None

@@ -255,6 +255,24 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_set_later_reaches_pie() {
+        // Built unshaped, PIE has no rate to estimate delay from and never drops;
+        // shaped by a change, it must get the rate.
+        let settings = serde_json::json!({"targetMs": 5});
+        let unshaped = pb::LinkParams {
+            rate_bps: 0,
+            ..link(pie(settings.clone()))
+        };
+        let mut pipeline: Pipeline<Vec<u8>> = Pipeline::new(&unshaped, MTU, 7).expect("valid");
+        pipeline.reconfigure(&link(pie(settings))).expect("valid");
+        let delay = standing_delay_ms(&mut pipeline);
+        assert!(
+            delay < 40.0,
+            "PIE held {delay:.1} ms after the link got a rate"
+        );
+    }
+
+    #[test]
     fn bad_settings_are_refused_by_field() {
         let err = |settings: serde_json::Value| {
             Pipeline::<Vec<u8>>::new(&link(pie(settings)), MTU, 1)
