@@ -174,28 +174,6 @@ fn manifest(topology: &str, case: &Case) -> String {
     )
 }
 
-/// utime + stime of the processes and all their threads, in seconds.
-fn cpu_seconds(pids: &[i32]) -> f64 {
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
-        .ok()
-        .flatten()
-        .unwrap_or(100) as f64;
-    pids.iter()
-        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok())
-        .filter_map(|stat| {
-            let fields: Vec<String> = stat
-                .rsplit_once(')')?
-                .1
-                .split_whitespace()
-                .map(str::to_owned)
-                .collect();
-            let utime: f64 = fields.get(11)?.parse().ok()?;
-            let stime: f64 = fields.get(12)?.parse().ok()?;
-            Some((utime + stime) / hz)
-        })
-        .sum()
-}
-
 fn measure(env: &mut Env, case: &Case, secs: u64) -> anyhow::Result<Value> {
     let topology = format!("fid-{}", case.name);
     let file = env.state_dir.join(format!("{topology}.yaml"));
@@ -225,7 +203,7 @@ fn measure(env: &mut Env, case: &Case, secs: u64) -> anyhow::Result<Value> {
         Vec::new()
     };
     let episodes_before = fidelity_episodes(env, &topology).len();
-    let cpu_before = cpu_seconds(&pids);
+    let cpu_before = bench::cpu_seconds(&pids)?;
     eprintln!("{}: {} flow(s) for {secs} s", case.name, case.flows.len());
     let reports: Vec<Value> = std::thread::scope(|s| {
         let env = &*env;
@@ -244,7 +222,7 @@ fn measure(env: &mut Env, case: &Case, secs: u64) -> anyhow::Result<Value> {
             .map(|h| h.join().unwrap_or(Value::Null))
             .collect()
     });
-    let cpu = cpu_seconds(&pids) - cpu_before;
+    let cpu = bench::cpu_seconds(&pids)? - cpu_before;
     // The guard judges each 1 s report window: wait for the last one.
     std::thread::sleep(Duration::from_millis(2500));
     let episodes: Vec<String> = fidelity_episodes(env, &topology)

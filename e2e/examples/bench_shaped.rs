@@ -67,30 +67,6 @@ fn manifest(topology: &str, link: &str) -> String {
     out
 }
 
-/// utime + stime of a process and all its threads, in seconds.
-fn cpu_seconds(pid: i32) -> anyhow::Result<f64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
-    // Fields after the command name, which may hold spaces: state is field 3,
-    // utime 14 and stime 15.
-    let rest = stat
-        .rsplit_once(')')
-        .map(|(_, r)| r)
-        .ok_or_else(|| anyhow::anyhow!("odd /proc/{pid}/stat"))?;
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| -> anyhow::Result<f64> {
-        Ok(fields
-            .get(i - 3)
-            .ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?
-            .parse::<f64>()?)
-    };
-    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
-    Ok((ticks(14)? + ticks(15)?) / hz)
-}
-
-fn total_cpu(pids: &[i32]) -> anyhow::Result<f64> {
-    pids.iter().map(|&p| cpu_seconds(p)).sum()
-}
-
 /// `perf record -g` of the agents during the transfer, when
 /// NEXTMINI_BENCH_PERF names a directory for the profiles (`perf report -i`).
 /// Stopped with SIGINT on drop, so perf writes its file.
@@ -162,13 +138,13 @@ fn measure(env: &mut Env, case: &Case, secs: u64) -> anyhow::Result<serde_json::
         )?),
         None => None,
     };
-    let before = total_cpu(&pids)?;
+    let before = bench::cpu_seconds(&pids)?;
     let report = iperf3(
         env,
         "n0",
         &["-c", "n2", "-p", "5201", "-t", &secs.to_string()],
     );
-    let after = total_cpu(&pids)?;
+    let after = bench::cpu_seconds(&pids)?;
     drop(profiler);
     env.ok(&["down", &topology]);
 

@@ -279,6 +279,31 @@ pub fn free_ports(n: usize) -> anyhow::Result<Vec<u16>> {
         .collect())
 }
 
+/// utime + stime of a process and all its threads, in seconds.
+fn process_cpu_seconds(pid: i32) -> anyhow::Result<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))?;
+    // Fields after the command name, which may hold spaces: state is field 3,
+    // utime 14 and stime 15.
+    let rest = stat
+        .rsplit_once(')')
+        .map(|(_, r)| r)
+        .ok_or_else(|| anyhow::anyhow!("odd /proc/{pid}/stat"))?;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| -> anyhow::Result<f64> {
+        Ok(fields
+            .get(i - 3)
+            .ok_or_else(|| anyhow::anyhow!("short /proc/{pid}/stat"))?
+            .parse::<f64>()?)
+    };
+    let hz = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)?.unwrap_or(100) as f64;
+    Ok((ticks(14)? + ticks(15)?) / hz)
+}
+
+/// utime + stime of the processes and all their threads, in seconds.
+pub fn cpu_seconds(pids: &[i32]) -> anyhow::Result<f64> {
+    pids.iter().map(|&p| process_cpu_seconds(p)).sum()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
