@@ -26,6 +26,8 @@ pub struct LinkCounters {
     /// Packets handed to the connection later than the emulated link released
     /// them, by more than the fidelity guard's bound.
     pub late_packets: AtomicU64,
+    /// Time the link ran behind its emulated schedule (cumulative, ns).
+    pub behind_ns: AtomicU64,
     /// The worst lateness since the last report, nanoseconds.
     pub max_late_ns: AtomicU64,
     /// The fidelity guard's verdict on the last report window.
@@ -42,6 +44,7 @@ impl LinkCounters {
         self.queue_packets.store(stats.queued.packets, Relaxed);
         self.queue_bytes.store(stats.queued.bytes, Relaxed);
         self.late_packets.store(stats.late, Relaxed);
+        self.behind_ns.store(stats.behind_ns, Relaxed);
     }
 
     /// Folds the lateness of one poll into the report window's worst.
@@ -86,6 +89,7 @@ impl LinkCounters {
             drops_loop: self.drops_loop.load(Relaxed),
             late_packets: self.late_packets.load(Relaxed),
             max_late_us: self.max_late_ns.swap(0, Relaxed) / 1000,
+            behind_us: self.behind_ns.load(Relaxed) / 1000,
             unfaithful: String::new(),
         }
     }

@@ -126,6 +126,11 @@ pub struct PipelineStats {
     pub late: u64,
     /// The worst lateness since [`Pipeline::take_max_lateness`] was last called.
     pub max_lateness_ns: u64,
+    /// Time the link ran behind its emulated schedule by more than
+    /// [`LATE_BOUND_NS`]: the union of the late packets' lateness intervals.
+    /// It tells one stall (a few ms in a window, however many packets it
+    /// caught) from an agent short of CPU (behind most of the window).
+    pub behind_ns: u64,
 }
 
 /// The schemes a pipeline is made of; build them from `LinkParams` with
@@ -235,6 +240,9 @@ pub struct Pipeline<P> {
     clock: u64,
     /// The latest `now` seen: the time of a `reconfigure` that is not given one.
     last_now: u64,
+    /// End of the last interval counted in `stats.behind_ns`, so overlapping
+    /// late packets count their shared time once.
+    behind_until: u64,
     seq: u64,
     /// When the shaper lets the head of the line go; `None` if not computed since
     /// the queues last changed.
@@ -286,6 +294,7 @@ impl<P: Payload> Pipeline<P> {
             rng: SmallRng::seed_from_u64(seed),
             clock: 0,
             last_now: 0,
+            behind_until: 0,
             seq: 0,
             blocked_until: None,
             stats: PipelineStats {
@@ -393,7 +402,12 @@ impl<P: Payload> Pipeline<P> {
     /// by the difference (the fidelity guard), one handed out early is not.
     fn hand_out(&mut self, slot: super::delay_line::Slot<P>, now: u64, out: &mut Vec<P>) {
         let lateness = now.saturating_sub(slot.at);
-        self.stats.late += u64::from(lateness > LATE_BOUND_NS);
+        if lateness > LATE_BOUND_NS {
+            self.stats.late += 1;
+            let from = slot.at.max(self.behind_until);
+            self.stats.behind_ns += now.saturating_sub(from);
+            self.behind_until = self.behind_until.max(now);
+        }
         self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
         self.stats.sent_packets += 1;
         self.stats.sent_bytes += u64::from(slot.len);

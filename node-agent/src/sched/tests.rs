@@ -661,6 +661,31 @@ fn packets_handed_out_late_are_counted_for_the_fidelity_guard() {
     assert_eq!(pl.take_max_lateness(), LATE_BOUND_NS);
 }
 
+#[test]
+fn time_behind_schedule_counts_a_stall_once_however_many_packets_it_caught() {
+    let mut pl = pipeline(&pb::LinkParams {
+        delay_us: 2_000,
+        ..Default::default()
+    });
+    assert_eq!(pl.stats().behind_ns, 0);
+    // Three packets released at 2, 3 and 4 ms, all handed out at 10 ms: the
+    // link was behind from 2 ms to 10 ms, not 8 + 7 + 6 ms.
+    offer(&mut pl, [1], 0);
+    offer(&mut pl, [2], MS);
+    offer(&mut pl, [3], 2 * MS);
+    assert_eq!(pl.poll(10 * MS).packets.len(), 3);
+    assert_eq!(pl.stats().late, 3);
+    assert_eq!(pl.stats().behind_ns, 8 * MS);
+    // A second stall later adds its own length.
+    offer(&mut pl, [4], 20 * MS);
+    assert_eq!(pl.poll(25 * MS).packets.len(), 1);
+    assert_eq!(pl.stats().behind_ns, 8 * MS + 3 * MS);
+    // On time adds nothing.
+    offer(&mut pl, [5], 30 * MS);
+    assert_eq!(pl.poll(32 * MS).packets.len(), 1);
+    assert_eq!(pl.stats().behind_ns, 11 * MS);
+}
+
 /// One simulated run of a link task over a backlogged link: 1400-byte packets
 /// offered every 40 µs (280 Mbit/s) while `count` last, the task polling at
 /// every wake-up it is given with `slack`. Returns (release time, id, bytes)
