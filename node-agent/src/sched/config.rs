@@ -3,7 +3,9 @@
 
 use super::classify::ClassRule;
 use super::schemes::{SchemeError, find_aqm, find_scheduler};
+use super::trace_shaper::{MAX_TRACE_ENTRIES, check_trace, trace_mean_rate_bps};
 use nextmini_proto::v1 as pb;
+use std::sync::Arc;
 use thiserror::Error;
 
 /// Queue limit when the control plane leaves it unset.
@@ -110,11 +112,24 @@ pub struct ImpairmentConfig {
     pub corrupt_ppm: u32,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShaperConfig {
     /// 0 = unlimited.
     pub rate_bps: u64,
     pub burst_bytes: u64,
+    /// A delivery trace instead of the token bucket (`trace_shaper.rs`).
+    pub trace: Option<Arc<[u32]>>,
+}
+
+impl ShaperConfig {
+    /// The rate the link offers on average (0 = unlimited), for the parts that
+    /// size themselves by it.
+    pub fn mean_rate_bps(&self) -> u64 {
+        match &self.trace {
+            Some(ms) => trace_mean_rate_bps(ms),
+            None => self.rate_bps,
+        }
+    }
 }
 
 /// A validated `LinkParams`.
@@ -139,6 +154,7 @@ impl LinkConfig {
     pub fn passes_aggregates(&self) -> bool {
         let i = &self.impairment;
         self.shaper.rate_bps == 0
+            && self.shaper.trace.is_none()
             && i.jitter_ns == 0
             && i.loss_ppm == 0
             && i.reorder_ppm == 0
@@ -196,6 +212,7 @@ impl LinkConfig {
                 } else {
                     params.burst_bytes
                 },
+                trace: trace(params)?,
             },
             impairment: impairment(params)?,
         })
@@ -380,6 +397,29 @@ fn class_rule(i: usize, rule: &pb::ClassRule) -> Result<ClassRule, ConfigError> 
         protocol: narrow("protocol", rule.protocol, 255)?.map(|v| v as u8),
         max_packet_bytes: rule.max_packet_bytes,
     })
+}
+
+fn trace(params: &pb::LinkParams) -> Result<Option<Arc<[u32]>>, ConfigError> {
+    if params.trace_ms.is_empty() {
+        return Ok(None);
+    }
+    if params.rate_bps != 0 || params.burst_bytes != 0 {
+        return Err(ConfigError::new(
+            "trace_ms",
+            "a trace replaces the token bucket: rate_bps and burst_bytes must be 0",
+        ));
+    }
+    if params.trace_ms.len() > MAX_TRACE_ENTRIES {
+        return Err(ConfigError::new(
+            "trace_ms",
+            format!(
+                "{} entries; at most {MAX_TRACE_ENTRIES}",
+                params.trace_ms.len()
+            ),
+        ));
+    }
+    check_trace(&params.trace_ms).map_err(|e| ConfigError::new("trace_ms", e.to_string()))?;
+    Ok(Some(params.trace_ms.as_slice().into()))
 }
 
 fn impairment(params: &pb::LinkParams) -> Result<ImpairmentConfig, ConfigError> {

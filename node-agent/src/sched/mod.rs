@@ -33,6 +33,7 @@ mod queue;
 pub mod scheduler;
 pub mod schemes;
 pub mod shaper;
+pub mod trace_shaper;
 
 #[cfg(test)]
 mod reference_tests;
@@ -52,6 +53,7 @@ pub use pipeline::{
 pub use queue::QueueState;
 pub use scheduler::Scheduler;
 pub use shaper::{Shaper, TokenBucket};
+pub use trace_shaper::TraceShaper;
 
 /// The random number generator every scheme draws from: small, fast, seedable.
 pub use rand::rngs::SmallRng;

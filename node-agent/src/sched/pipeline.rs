@@ -15,7 +15,9 @@ use super::impair::{Action, Impairment, Netem, Release};
 use super::queue::{Entry, QueueState, Queues};
 use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
 use super::schemes::{self, LinkContext};
+use super::config::ShaperConfig;
 use super::shaper::{Shaper, TokenBucket};
+use super::trace_shaper::TraceShaper;
 use super::{PacketMeta, Payload};
 use nextmini_proto::v1::LinkParams;
 use rand::SeedableRng;
@@ -161,10 +163,7 @@ impl Parts {
             classifier: classifier(cfg, scheduler.as_ref()),
             aqms: aqms(cfg, cfg.queues)?,
             scheduler,
-            shaper: Box::new(TokenBucket::new(
-                cfg.shaper.rate_bps,
-                cfg.shaper.burst_bytes,
-            )),
+            shaper: shaper(&cfg.shaper, 0)?,
             impairment: Box::new(Netem::new(&cfg.impairment)),
             limits: cfg.limits,
             mtu: cfg.mtu,
@@ -186,8 +185,19 @@ fn classifier(cfg: &LinkConfig, scheduler: &dyn Scheduler) -> Box<dyn Classifier
 fn link_context(cfg: &LinkConfig) -> LinkContext {
     LinkContext {
         mtu: cfg.mtu,
-        rate_bps: cfg.shaper.rate_bps,
+        rate_bps: cfg.shaper.mean_rate_bps(),
     }
+}
+
+/// A trace starts at `origin` on the pipeline's clock.
+fn shaper(cfg: &ShaperConfig, origin: u64) -> Result<Box<dyn Shaper>, ConfigError> {
+    Ok(match &cfg.trace {
+        Some(ms) => Box::new(
+            TraceShaper::new(ms.clone(), origin)
+                .map_err(|e| ConfigError::new("trace_ms", e.to_string()))?,
+        ),
+        None => Box::new(TokenBucket::new(cfg.rate_bps, cfg.burst_bytes)),
+    })
 }
 
 fn aqms(cfg: &LinkConfig, n: usize) -> Result<Vec<Box<dyn Aqm>>, ConfigError> {
@@ -199,7 +209,7 @@ fn aqm(cfg: &LinkConfig) -> Result<Box<dyn Aqm>, ConfigError> {
         AqmConfig::TailDrop => Box::new(TailDrop),
         AqmConfig::Ecn { threshold_packets } => Box::new(EcnThreshold::new(*threshold_packets)),
         AqmConfig::Red(red) => {
-            let tx_time_ns = match cfg.shaper.rate_bps {
+            let tx_time_ns = match cfg.shaper.mean_rate_bps() {
                 0 => UNLIMITED_TX_TIME_NS,
                 rate => u64::from(cfg.mtu) * 8_000_000_000 / rate,
             };
@@ -441,6 +451,15 @@ impl<P: Payload> Pipeline<P> {
             None
         };
         let extra_aqms = aqms(&cfg, cfg.queues.saturating_sub(self.aqms.len()))?;
+        // A new trace starts now; leaving a trace gives a full token bucket.
+        let trace_changed = old.map_or(cfg.shaper.trace.is_some(), |o| {
+            o.shaper.trace != cfg.shaper.trace
+        });
+        let new_shaper = if trace_changed {
+            Some(shaper(&cfg.shaper, now.max(self.clock))?)
+        } else {
+            None
+        };
         let new_scheduler = if queues_changed
             || old.is_none_or(|o| o.scheduler != cfg.scheduler)
             || (scheduler_scheme && context_changed)
@@ -470,6 +489,9 @@ impl<P: Payload> Pipeline<P> {
             self.scheduler = scheduler;
         }
         self.classifier = classifier(&cfg, self.scheduler.as_ref());
+        if let Some(shaper) = new_shaper {
+            self.shaper = shaper;
+        }
         self.shaper
             .set_rate(cfg.shaper.rate_bps, cfg.shaper.burst_bytes, now);
         if old.as_ref().is_none_or(|o| o.impairment != cfg.impairment) {

@@ -1,9 +1,12 @@
-//! The shaper gate between the scheduler and the wire: a token bucket.
+//! The shaper gate between the scheduler and the wire: a token bucket (or a
+//! delivery trace, `trace_shaper.rs`).
 
 /// Decides when a packet may leave. Times are nanoseconds on the pipeline's clock.
 pub trait Shaper: Send + Sync {
-    /// Earliest instant at or after `now` at which `len` bytes may leave.
-    fn earliest(&self, len: u32, now: u64) -> u64;
+    /// Earliest instant at or after `now` at which `len` bytes may leave. The
+    /// pipeline charges the packet with [`Shaper::consume`] right after, at the
+    /// instant returned, so a shaper may keep what it worked out (`&mut`).
+    fn earliest(&mut self, len: u32, now: u64) -> u64;
 
     /// Charges `len` bytes that left at `at` (never before an earlier charge).
     fn consume(&mut self, len: u32, at: u64);
@@ -60,7 +63,7 @@ impl TokenBucket {
 }
 
 impl Shaper for TokenBucket {
-    fn earliest(&self, len: u32, now: u64) -> u64 {
+    fn earliest(&mut self, len: u32, now: u64) -> u64 {
         let now = now.max(self.updated);
         if self.rate_bps == 0 {
             return now;

@@ -794,3 +794,62 @@ fn a_lone_packet_is_never_handed_out_early() {
     pl.poll_with_slack(MS, RELEASE_SLACK, &mut out);
     assert_eq!(out.len(), 1);
 }
+
+#[test]
+fn a_trace_link_releases_at_its_opportunities_and_a_new_trace_starts_when_applied() {
+    // One 1,500-byte opportunity every ms: 1,000-byte packets leave two for
+    // every three opportunities, each as its last byte is carried.
+    let trace = pb::LinkParams {
+        trace_ms: (1..=10).collect(),
+        ..Default::default()
+    };
+    let mut pl = pipeline(&trace);
+    assert!(
+        !LinkConfig::from_params(&trace, 1500)
+            .expect("valid")
+            .passes_aggregates(),
+        "a trace link must see packets one by one"
+    );
+    offer(&mut pl, 0..9, 0);
+    let times = |out: Vec<(u64, u16)>| out.iter().map(|(t, _)| *t / MS).collect::<Vec<_>>();
+    let micros = |out: Vec<(u64, u16)>| out.iter().map(|(t, _)| *t / 1000).collect::<Vec<_>>();
+    assert_eq!(times(run_to_idle(&mut pl, 0)), [1, 2, 2, 3, 4, 4, 5, 6, 6]);
+    // A new trace applied at 20 ms starts there: its opportunities are 25, 30 ms.
+    pl.reconfigure_at(
+        &pb::LinkParams {
+            trace_ms: vec![5, 10],
+            ..Default::default()
+        },
+        20 * MS,
+    )
+    .expect("valid");
+    offer(&mut pl, [20, 21], 20 * MS);
+    assert_eq!(times(run_to_idle(&mut pl, 20 * MS)), [25, 30]);
+    // Back to a rate: a full one-packet bucket, then 1 byte/µs.
+    pl.reconfigure_at(&rate(8_000_000), 40 * MS).expect("valid");
+    offer(&mut pl, [40, 41], 40 * MS);
+    assert_eq!(micros(run_to_idle(&mut pl, 40 * MS)), [40_000, 40_500]);
+}
+
+#[test]
+fn a_trace_with_a_rate_or_out_of_order_is_refused_with_the_field() {
+    let err = |p: pb::LinkParams| {
+        LinkConfig::from_params(&p, 1500)
+            .expect_err("invalid")
+            .to_string()
+    };
+    let both = pb::LinkParams {
+        rate_bps: 1_000_000,
+        trace_ms: vec![1],
+        ..Default::default()
+    };
+    assert!(err(both).starts_with("trace_ms: a trace replaces the token bucket"));
+    let backwards = pb::LinkParams {
+        trace_ms: vec![3, 2],
+        ..Default::default()
+    };
+    assert_eq!(
+        err(backwards),
+        "trace_ms: entry 1 (2 ms) is before the one above it (3 ms): offsets must not decrease"
+    );
+}

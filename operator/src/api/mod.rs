@@ -12,6 +12,7 @@ mod link;
 mod params;
 mod socks;
 mod topology;
+mod trace;
 
 pub use common::{
     CidrError, Condition, ConditionStatus, DNS_LABEL_MAX, DNS_LABEL_PATTERN, Ipv4Cidr, Transport,
@@ -25,6 +26,7 @@ pub use flow::{
     FlowProtocol, FlowSpec, FlowStatus, PoissonSpec, SizesSpec,
 };
 pub use link::{Link, LinkSpec, LinkStatus};
+pub use trace::{TraceSpec, TraceTextError};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{

@@ -42,6 +42,10 @@ macro_rules! with_link_params {
             /// sender puts on the link. Unset everywhere: unlimited.
             #[serde(default, skip_serializing_if = "Option::is_none")]
             pub rate: Option<$crate::units::Rate>,
+            /// A packet-delivery trace (Mahimahi's format) deciding when packets leave,
+            /// instead of `rate` and `burst`.
+            #[serde(default, skip_serializing_if = "Option::is_none")]
+            pub trace: Option<$crate::api::TraceSpec>,
             /// Depth of the token bucket in bytes, e.g. `64KiB`: what may leave at once
             /// above `rate`; at least the MTU. Unset everywhere: one packet.
             #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -93,6 +97,7 @@ macro_rules! with_link_params {
             pub fn params(&self) -> $crate::api::LinkParamsSpec {
                 $crate::api::LinkParamsSpec {
                     rate: self.rate,
+                    trace: self.trace.clone(),
                     burst: self.burst,
                     delay: self.delay,
                     jitter: self.jitter,

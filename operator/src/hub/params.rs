@@ -10,6 +10,7 @@ pub fn to_proto(p: &LinkParams) -> pb::LinkParams {
     let queue = &p.queue;
     pb::LinkParams {
         rate_bps: p.rate_bps.unwrap_or(0),
+        trace_ms: p.trace_ms.clone(),
         burst_bytes: p.burst_bytes.unwrap_or(0),
         delay_us: p.delay.map_or(0, micros),
         jitter_us: p.jitter.map_or(0, micros),
@@ -133,6 +134,7 @@ mod tests {
     fn every_field_is_carried() {
         let params = LinkParams {
             rate_bps: Some(10_000_000),
+            trace_ms: vec![1, 1, 2],
             burst_bytes: Some(15_000),
             delay: Some(Duration::from_millis(20)),
             jitter: Some(Duration::from_micros(2_500)),
@@ -163,6 +165,7 @@ mod tests {
         };
         let expected = pb::LinkParams {
             rate_bps: 10_000_000,
+            trace_ms: vec![1, 1, 2],
             delay_us: 20_000,
             jitter_us: 2_500,
             loss_ppm: 1,

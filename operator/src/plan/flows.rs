@@ -9,7 +9,6 @@ use super::model::{
     CongestionControl, DEFAULT_WINDOW, FlowAmount, FlowParams, FlowProtocol, PlannedFlow,
     PlannedLink, RelayMode,
 };
-use super::params::pick;
 use super::routes::Graph;
 use crate::api::{self, FlowSpec, LinkParamsSpec};
 use crate::units::Size;
@@ -341,7 +340,8 @@ fn draft_rate(draft: &Draft, link: &DraftLink, forward: bool) -> Option<u64> {
         link.backward.as_ref()
     };
     let layers: Vec<&LinkParamsSpec> = defaults.iter().chain([&link.params]).chain(over).collect();
-    pick(&layers, |p| p.rate).map(|(r, _)| r.bps())
+    // A trace's mean counts as the rate.
+    super::params::resolve(&layers).mean_rate_bps()
 }
 
 /// A Poisson load names a link on the flow's path that has a rate.
@@ -529,7 +529,7 @@ fn params(spec: &FlowSpec, graph: &Graph, links: &[PlannedLink]) -> FlowParams {
         } else {
             &link.backward
         }
-        .rate_bps?;
+        .mean_rate_bps()?;
         // Arrivals per second = load × rate / (8 × mean size).
         let per_second = f64::from(load.ppm()) / 1e6 * rate as f64 / (8.0 * mean_size?);
         (per_second > 0.0).then(|| ((1e6 / per_second).round() as u64).max(1))

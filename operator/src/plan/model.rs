@@ -226,6 +226,11 @@ pub struct PlannedLink {
 pub struct LinkParams {
     #[schemars(range(min = 1, max = crate::units::Rate::MAX_BPS))]
     pub rate_bps: Option<u64>,
+    /// A delivery trace (ms offsets) instead of `rate_bps` and `burst_bytes`;
+    /// empty: none. Absent from rows without one, so older rows read the same.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = nextmini_agent::sched::trace_shaper::MAX_TRACE_ENTRIES))]
+    pub trace_ms: Vec<u32>,
     /// Token bucket depth.
     #[schemars(extend("x-minimum-mtu" = true))]
     pub burst_bytes: Option<u64>,
@@ -255,10 +260,41 @@ pub struct LinkParams {
 }
 
 impl LinkParams {
-    /// What the stored rules cannot see of a registered scheme (they check its name,
-    /// not its settings), as (`key`, reason): the hub holds every row it loads to
-    /// this, so a SQL write with settings no agent can build runs the last good state.
-    pub fn scheme_problem(&self) -> Option<(String, String)> {
+    /// What the stored rules cannot see, as (`key`, reason): a registered scheme's
+    /// settings (they check its name only) and a trace's order and its conflict with
+    /// a rate. The hub holds every row it loads to this, so a SQL write no agent can
+    /// build runs the last good state.
+    /// What the link delivers on average: its rate, or its trace's mean.
+    pub fn mean_rate_bps(&self) -> Option<u64> {
+        if self.trace_ms.is_empty() {
+            self.rate_bps
+        } else {
+            Some(nextmini_agent::sched::trace_shaper::trace_mean_rate_bps(
+                &self.trace_ms,
+            ))
+        }
+    }
+
+    pub fn problem_beyond_rules(&self) -> Option<(String, String)> {
+        self.trace_problem().or_else(|| self.scheme_problem())
+    }
+
+    fn trace_problem(&self) -> Option<(String, String)> {
+        if self.trace_ms.is_empty() {
+            return None;
+        }
+        if self.rate_bps.is_some() || self.burst_bytes.is_some() {
+            return Some((
+                "trace_ms".into(),
+                "a trace replaces the token bucket: remove rate_bps and burst_bytes".into(),
+            ));
+        }
+        nextmini_agent::sched::trace_shaper::check_trace(&self.trace_ms)
+            .err()
+            .map(|e| ("trace_ms".into(), e.to_string()))
+    }
+
+    fn scheme_problem(&self) -> Option<(String, String)> {
         if let SchedulerKind::Scheme { name, settings } = &self.scheduler {
             let entry = match schemes::find_scheduler(name) {
                 Ok(entry) => entry,

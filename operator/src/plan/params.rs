@@ -6,7 +6,7 @@
 
 use super::model::{Aqm, ClassRule, JitterDistribution, LinkParams, QueueParams, SchedulerKind};
 use crate::api::{self, AqmSpec, ClassSpec, LinkParamsSpec, SchedulerSpec};
-use crate::units::{Percent, Rate, Size};
+use crate::units::{Percent, Size};
 
 /// The value of the most specific layer (the last one) that sets the field `f`, with
 /// that layer's index.
@@ -41,9 +41,19 @@ pub(crate) fn aqm_of(p: &LinkParamsSpec) -> Option<&AqmSpec> {
 pub(crate) fn resolve(layers: &[&LinkParamsSpec]) -> LinkParams {
     let ppm = |f: fn(&LinkParamsSpec) -> Option<Percent>| get(layers, f).map(|p| p.ppm());
     let limit = get(layers, limit_of);
+    // A rate and a trace both decide when packets leave: the more specific wins
+    // (one layer may not set both, `params_check`).
+    let rate = pick(layers, |l| l.rate);
+    let trace = pick(layers, |l| l.trace.as_ref())
+        .filter(|(_, ti)| rate.is_none_or(|(_, ri)| ti > &ri))
+        .and_then(|(t, _)| t.opportunities().ok());
+    let traced = trace.is_some();
     LinkParams {
-        rate_bps: get(layers, |l| l.rate).map(Rate::bps),
-        burst_bytes: get(layers, |l| l.burst).and_then(Size::bytes),
+        rate_bps: rate.filter(|_| !traced).map(|(r, _)| r.bps()),
+        trace_ms: trace.unwrap_or_default(),
+        burst_bytes: get(layers, |l| l.burst)
+            .filter(|_| !traced)
+            .and_then(Size::bytes),
         delay: get(layers, |l| l.delay).map(|d| d.as_std()),
         jitter: get(layers, |l| l.jitter).map(|d| d.as_std()),
         jitter_distribution: get(layers, |l| l.jitter_distribution)

@@ -126,6 +126,19 @@ impl Reporter {
 
 fn set_rules(layer: &Layer, mtu: Option<u32>, out: &mut Vec<FieldError>) {
     let p = layer.spec;
+    if let Some(trace) = &p.trace {
+        if let Err(e) = trace.opportunities() {
+            out.push(layer.error("trace.inline", e.to_string()));
+        }
+        for (field, set) in [("rate", p.rate.is_some()), ("burst", p.burst.is_some())] {
+            if set {
+                out.push(layer.error(
+                    field,
+                    "set either a rate (and burst) or a trace here: the trace decides when packets leave",
+                ));
+            }
+        }
+    }
     if p.rate.is_some_and(|r| r.bps() == 0) {
         out.push(layer.error(
             "rate",

@@ -589,3 +589,86 @@ fn a_scheme_is_refused_by_name_and_by_setting() {
         "no AQM scheme is called \"nothing\"",
     );
 }
+
+#[test]
+fn a_trace_replaces_a_less_specific_rate_and_reaches_the_agent() {
+    let text = topology_with(
+        "{nodes: [{name: a}, {name: b}], linkDefaults: {rate: 100Mbit, burst: 64KiB, delay: 5ms}, \
+         links: [{endpoints: [a, b], trace: {inline: \"1\\n1\\n3\\n\\n4\\n\"}, backward: {rate: 2Mbit}}]}",
+    );
+    let p = plan("x.yaml", &text);
+    let ab = link(&p, "a-b");
+    assert_eq!(ab.forward.trace_ms, [1, 1, 3, 4]);
+    assert_eq!(
+        (ab.forward.rate_bps, ab.forward.burst_bytes),
+        (None, None),
+        "the link's trace wins over linkDefaults' rate and burst"
+    );
+    assert_eq!(ab.forward.delay, Some(Duration::from_millis(5)));
+    // 4 opportunities of 1,500 bytes every 4 ms.
+    assert_eq!(ab.forward.mean_rate_bps(), Some(12_000_000));
+    assert!(ab.backward.trace_ms.is_empty(), "the override's rate wins");
+    assert_eq!(ab.backward.rate_bps, Some(2_000_000));
+    let sent = crate::hub::params::to_proto(&ab.forward);
+    assert_eq!(sent.trace_ms, [1, 1, 3, 4]);
+    let cfg = nextmini_agent::sched::LinkConfig::from_params(&sent, 1500)
+        .expect("the agent accepts what the planner accepted");
+    assert_eq!(cfg.shaper.mean_rate_bps(), 12_000_000);
+    // What the store keeps and the hub loads back.
+    let json = serde_json::to_value(&ab.forward).expect("json");
+    assert_eq!(json["trace_ms"], serde_json::json!([1, 1, 3, 4]));
+    assert!(ab.forward.problem_beyond_rules().is_none());
+    let mut written = ab.forward.clone();
+    written.trace_ms = vec![4, 2];
+    assert_eq!(
+        written.problem_beyond_rules(),
+        Some((
+            "trace_ms".into(),
+            "entry 1 (2 ms) is before the one above it (4 ms): offsets must not decrease".into()
+        ))
+    );
+    written.trace_ms = vec![1];
+    written.rate_bps = Some(1);
+    assert!(written.problem_beyond_rules().is_some_and(|(k, _)| k == "trace_ms"));
+}
+
+#[test]
+fn a_bad_trace_is_refused_by_line_and_beside_a_rate() {
+    const DOC: &str = "x.yaml document 1 (Topology/t)";
+    let errors = plan_errors(
+        "x.yaml",
+        &topology_with(
+            "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], trace: {inline: \"1\\n2\\nfast\\n\"}}]}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].trace.inline",
+        "line 3: \"fast\" is not a whole number of milliseconds",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &topology_with(
+            "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], forward: {trace: {inline: \"5\\n3\\n\"}}}]}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].forward.trace.inline",
+        "entry 1 (3 ms) is before the one above it (5 ms)",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &topology_with(
+            "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], rate: 1Mbit, trace: {inline: \"1\\n\"}}]}",
+        ),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].rate",
+        "set either a rate (and burst) or a trace here",
+    );
+}

@@ -381,7 +381,7 @@ impl ParamsChecker {
                         .map_err(|e| format!("{column}: {e}")),
                 },
             )
-            .and_then(|p| match p.scheme_problem() {
+            .and_then(|p| match p.problem_beyond_rules() {
                 Some((key, reason)) => Err(format!("{column}.{key}: {reason}")),
                 None => Ok(p),
             });
