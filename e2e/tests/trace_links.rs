@@ -126,7 +126,11 @@ fn a_trace_link_delivers_each_seconds_opportunities() {
     let text = std::fs::read_to_string(&arrivals_file).expect("arrivals");
     let _ = std::fs::remove_file(&arrivals_file);
     let times: Vec<u64> = text.lines().filter_map(|l| l.parse().ok()).collect();
-    assert!(times.len() > 5_000, "only {} datagrams arrived", times.len());
+    assert!(
+        times.len() > 5_000,
+        "only {} datagrams arrived",
+        times.len()
+    );
     let first = times[0];
     let last_ms = (times[times.len() - 1] - first) / 1_000_000;
     let mut bins = vec![0u64; last_ms as usize + 1];

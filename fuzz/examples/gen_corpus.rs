@@ -289,6 +289,7 @@ fn line3_b() -> pb::Snapshot {
 fn netem_wrr() -> pb::LinkParams {
     pb::LinkParams {
         rate_bps: 10_000_000,
+        trace_ms: Vec::new(),
         delay_us: 5_000,
         jitter_us: 1_000,
         loss_ppm: 10_000,
@@ -614,7 +615,9 @@ fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     late_packets: 10,
                     max_late_us: 2_500,
                     behind_us: 4_000,
-                    unfaithful: "12 of 1000 packets (1%) left more than 1 ms after the link released them".into(),
+                    unfaithful:
+                        "12 of 1000 packets (1%) left more than 1 ms after the link released them"
+                            .into(),
                 }],
                 unix_ms: 1_700_000_000_000,
             })),

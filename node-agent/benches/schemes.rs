@@ -62,6 +62,7 @@ const BACKLOGGED: pb::LinkParams = pb::LinkParams {
     queue: None,
     scheduler: None,
     classes: Vec::new(),
+    trace_ms: Vec::new(),
 };
 
 fn schemes() -> Vec<(&'static str, pb::LinkParams)> {

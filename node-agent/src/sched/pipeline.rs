@@ -9,13 +9,13 @@
 
 use super::aqm::{Aqm, EcnThreshold, Red, TailDrop, Verdict};
 use super::classify::{Classifier, RuleClassifier};
+use super::config::ShaperConfig;
 use super::config::{AqmConfig, ConfigError, LinkConfig, MAX_QUEUES, QueueLimits, SchedulerConfig};
 use super::delay_line::DelayLine;
 use super::impair::{Action, Impairment, Netem, Release};
 use super::queue::{Entry, QueueState, Queues};
 use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
 use super::schemes::{self, LinkContext};
-use super::config::ShaperConfig;
 use super::shaper::{Shaper, TokenBucket};
 use super::trace_shaper::TraceShaper;
 use super::{PacketMeta, Payload};

@@ -29,8 +29,14 @@ const NS_PER_MS: u64 = 1_000_000;
 pub enum TraceError {
     #[error("no delivery opportunities")]
     Empty,
-    #[error("entry {index} ({ms} ms) is before the one above it ({previous} ms): offsets must not decrease")]
-    Decreasing { index: usize, ms: u32, previous: u32 },
+    #[error(
+        "entry {index} ({ms} ms) is before the one above it ({previous} ms): offsets must not decrease"
+    )]
+    Decreasing {
+        index: usize,
+        ms: u32,
+        previous: u32,
+    },
     #[error("the last entry is 0 ms: the period must be at least 1 ms")]
     ZeroPeriod,
 }
@@ -197,7 +203,10 @@ mod tests {
         let mut s = shaper(&[1, 1, 3, 7, 10]);
         let times = send(&mut s, 8, 1500, 0);
         // Two at 1 ms, then 3, 7, 10; the trace repeats every 10 ms.
-        assert_eq!(times, [MS, MS, 3 * MS, 7 * MS, 10 * MS, 11 * MS, 11 * MS, 13 * MS]);
+        assert_eq!(
+            times,
+            [MS, MS, 3 * MS, 7 * MS, 10 * MS, 11 * MS, 11 * MS, 13 * MS]
+        );
     }
 
     #[test]
@@ -236,17 +245,27 @@ mod tests {
         assert_eq!(trace_mean_rate_bps(&ms), 30_000_000);
         let mut s = shaper(&ms);
         let times = send(&mut s, 40_000, 1400, 0);
-        for (second, expected) in [(0u64, 2_500 * 1500u64), (1, 2_500 * 1500), (2, 2_500 * 1500)] {
+        for (second, expected) in [
+            (0u64, 2_500 * 1500u64),
+            (1, 2_500 * 1500),
+            (2, 2_500 * 1500),
+        ] {
             let bytes = times
                 .iter()
                 .filter(|&&t| t > second * 1000 * MS && t <= (second + 1) * 1000 * MS)
                 .count() as u64
                 * 1400;
             let error = bytes.abs_diff(expected) as f64 / expected as f64;
-            assert!(error < 0.001, "second {second}: {bytes} bytes vs {expected}");
+            assert!(
+                error < 0.001,
+                "second {second}: {bytes} bytes vs {expected}"
+            );
         }
         let fast = times.iter().filter(|&&t| t > 0 && t <= 500 * MS).count();
-        let slow = times.iter().filter(|&&t| t > 500 * MS && t <= 1000 * MS).count();
+        let slow = times
+            .iter()
+            .filter(|&&t| t > 500 * MS && t <= 1000 * MS)
+            .count();
         assert_eq!((fast, slow), (2000 * 1500 / 1400, 500 * 1500 / 1400 + 1));
     }
 

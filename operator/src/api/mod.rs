@@ -26,13 +26,13 @@ pub use flow::{
     FlowProtocol, FlowSpec, FlowStatus, PoissonSpec, SizesSpec,
 };
 pub use link::{Link, LinkSpec, LinkStatus};
-pub use trace::{TraceSpec, TraceTextError};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
     NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus, TtlMode,
 };
+pub use trace::{TraceSpec, TraceTextError};
 
 /// API group of every Nextmini kind.
 pub const GROUP: &str = "nextmini.io";

@@ -75,7 +75,10 @@ mod tests {
         );
         assert_eq!(
             parse("5\n3\n"),
-            Err("entry 1 (3 ms) is before the one above it (5 ms): offsets must not decrease".into())
+            Err(
+                "entry 1 (3 ms) is before the one above it (5 ms): offsets must not decrease"
+                    .into()
+            )
         );
         assert_eq!(parse("\n"), Err("no delivery opportunities".into()));
         assert_eq!(

@@ -629,7 +629,11 @@ fn a_trace_replaces_a_less_specific_rate_and_reaches_the_agent() {
     );
     written.trace_ms = vec![1];
     written.rate_bps = Some(1);
-    assert!(written.problem_beyond_rules().is_some_and(|(k, _)| k == "trace_ms"));
+    assert!(
+        written
+            .problem_beyond_rules()
+            .is_some_and(|(k, _)| k == "trace_ms")
+    );
 }
 
 #[test]
@@ -671,4 +675,18 @@ fn a_bad_trace_is_refused_by_line_and_beside_a_rate() {
         "spec.links[0].rate",
         "set either a rate (and burst) or a trace here",
     );
+}
+
+#[test]
+fn the_trace_example_plans_a_traced_downlink_and_a_rated_uplink() {
+    let p = plan(
+        "trace.yaml",
+        include_str!("../../../manifests/examples/trace.yaml"),
+    );
+    let link = &p.links[0];
+    assert_eq!(link.forward.trace_ms.len(), 50);
+    assert_eq!(link.forward.mean_rate_bps(), Some(6_000_000));
+    assert_eq!(link.forward.delay, Some(Duration::from_millis(20)));
+    assert!(link.backward.trace_ms.is_empty());
+    assert_eq!(link.backward.rate_bps, Some(2_000_000));
 }
