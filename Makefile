@@ -95,15 +95,18 @@ e2e: setup-test
 #   fidelity  a fat-tree (k=4) at 300 Mbit/s with one and four TCP flows, and a
 #           7-node line at 1 Gbit/s, against their expected goodput, with what the
 #           fidelity guard said (issue 14.2; about 2 min)
-BENCH ?= flows hops memory scale load processors shaped fidelity
+#   queues  Flexplane's queue-occupancy experiment: 5 CUBIC flows through one
+#           100 Mbit/s bottleneck under DropTail, RED and ECN threshold marking,
+#           median and p99 queue depth (issue 18.5; about 1.5 min)
+BENCH ?= flows hops memory scale load processors shaped fidelity queues
 PROCESSORS ?= 1 2 4
 HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench:
-	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped|fidelity) ;; \
-	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped, fidelity)" >&2; exit 2 ;; esac; done
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped|fidelity|queues) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped, fidelity, queues)" >&2; exit 2 ;; esac; done
 	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
@@ -119,6 +122,7 @@ bench:
 	    processors) $(BENCH_TARGET_DIR)/release/examples/bench_processors $(PROCESSORS) ;; \
 	    shaped) $(BENCH_TARGET_DIR)/release/examples/bench_shaped ;; \
 	    fidelity) $(BENCH_TARGET_DIR)/release/examples/bench_fidelity ;; \
+	    queues) $(BENCH_TARGET_DIR)/release/examples/bench_queues ;; \
 	  esac; \
 	done
 	/usr/bin/python3 bench/plot.py
