@@ -209,6 +209,7 @@ fn node(name: &str, last: u8) -> pb::NodeConfig {
     pb::NodeConfig {
         name: name.into(),
         topology: "line3".into(),
+        seed: 7,
         overlay_addr: format!("198.18.0.{last}"),
         overlay_prefix_len: 16,
         listen_addr: format!("198.19.0.{last}:7000"),

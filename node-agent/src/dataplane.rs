@@ -434,6 +434,7 @@ impl Dataplane {
             quic,
             mtu: u32::from(mtu),
             auth: crate::link_auth::LinkKey::from_identity(&node.link_key_der),
+            seed: node.seed,
         };
         self.identity = Some(identity);
         self.context = Some(context.clone());

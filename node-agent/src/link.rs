@@ -80,6 +80,8 @@ pub struct LinkContext {
     pub mtu: u32,
     /// Signs this node's link handshakes (the topology's link key).
     pub auth: Option<crate::link_auth::LinkKey>,
+    /// The experiment's seed (`NodeConfig.seed`), mixed into every link's.
+    pub seed: u64,
 }
 
 /// Handle to a running link; dropping the last one stops its task.
@@ -107,7 +109,7 @@ impl LinkHandle {
         params: pb::LinkParams,
         context: LinkContext,
     ) -> Result<Arc<LinkHandle>, crate::sched::ConfigError> {
-        let seed = seed_for(&spec);
+        let seed = seed_for(&spec, context.seed);
         let pipeline = Pipeline::new(&params, context.mtu, seed)?;
         let (queue, queue_rx) = mpsc::channel(HANDOFF_QUEUE);
         let (attach, attach_rx) = mpsc::channel(4);
@@ -175,9 +177,11 @@ impl LinkHandle {
     }
 }
 
-/// Per-link seed: runs are reproducible, links are not correlated.
-fn seed_for(spec: &LinkSpec) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+/// Per-link seed: runs with the same experiment seed are reproducible, links
+/// are not correlated. FNV-1a over the seed, the topology, the link and the
+/// sending node; an experiment seed of 0 gives the streams of before it existed.
+fn seed_for(spec: &LinkSpec, experiment: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ experiment;
     for b in spec
         .topology
         .bytes()

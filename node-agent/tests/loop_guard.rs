@@ -59,6 +59,7 @@ fn node(name: &str, peer: &str, role: Role) -> Node {
         quic: None,
         mtu: 1400,
         auth: None,
+        seed: 0,
     };
     let link = LinkHandle::spawn(spec, pb::LinkParams::default(), context).expect("link");
     Node {

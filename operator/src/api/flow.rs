@@ -77,7 +77,8 @@ pub struct FlowSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arrivals: Option<ArrivalsSpec>,
     /// Seed of the size and arrival draws: the same seed gives every instance the same
-    /// size and arrival time in every run (default 1).
+    /// size and arrival time in every run (default: derived from the Topology's
+    /// `seed` and the flow's name, or 1 when the Topology has none).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
     /// `normal` (the default): through the emulated links. `max` (tcp only): each

@@ -69,6 +69,14 @@ pub struct TopologySpec {
     /// How the agents report their counters; changes apply live.
     #[serde(default)]
     pub telemetry: TelemetrySpec,
+    /// The experiment's seed: every random draw of the dataplane (loss, jitter,
+    /// reordering, duplication, corruption, RED) and of synthetic flows without a
+    /// seed of their own comes from a stream derived from it and the link's or
+    /// flow's name, so two runs with the same seed and the same traffic drop the
+    /// same packets. Unset: streams derived from the names alone (also
+    /// reproducible). Links take it when they are built.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
     /// The nodes, in order; a node's position decides its addresses.
     #[serde(default)]
     #[schemars(length(max = 65534))]

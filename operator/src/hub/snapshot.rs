@@ -172,6 +172,7 @@ impl TopologyView {
             placement,
             dataplane,
             report_interval_ms,
+            seed,
             nodes,
             links: _,
             flows,
@@ -186,6 +187,7 @@ impl TopologyView {
             && *placement == o.placement
             && *dataplane == o.dataplane
             && *report_interval_ms == o.report_interval_ms
+            && *seed == o.seed
             && *nodes == o.nodes
             && *flows == o.flows
     }
@@ -448,6 +450,7 @@ impl TopologyView {
                     .unwrap_or_default(),
                 max_port: u32::from(self.underlay.max_port(me)),
                 socks: me.socks.iter().map(socks_listener).collect(),
+                seed: plan.seed.unwrap_or(0),
             }),
             links,
             routes: Some(pb::RouteTable {

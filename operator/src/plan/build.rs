@@ -120,6 +120,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
             .as_std()
             .as_millis()
             .min(u128::from(u32::MAX)) as u32,
+        seed: spec.seed,
         nodes,
         links,
         flows,

@@ -480,12 +480,17 @@ pub(crate) fn build(draft: &Draft, links: &[PlannedLink]) -> Vec<PlannedFlow> {
         .iter()
         .map(|doc| {
             let spec = &doc.object.spec;
+            let name = name_of(&doc.object);
+            let mut params = params(spec, &graph, links);
+            if spec.seed.is_none() {
+                params.seed = flow_seed(draft.doc.object.spec.seed, name);
+            }
             PlannedFlow {
-                name: name_of(&doc.object).to_owned(),
+                name: name.to_owned(),
                 src: spec.src.clone(),
                 dst: spec.dst.clone(),
                 path: spec.path.clone(),
-                params: params(spec, &graph, links),
+                params,
                 defined_generation: 0,
                 route_id: None,
             }
@@ -493,6 +498,21 @@ pub(crate) fn build(draft: &Draft, links: &[PlannedLink]) -> Vec<PlannedFlow> {
         .collect();
     flows.sort_by(|a, b| a.name.cmp(&b.name));
     flows
+}
+
+/// A flow without a seed of its own: 1 as before when the topology has none,
+/// else a stream of the experiment's seed per flow name (FNV-1a over both), so
+/// flows of one experiment do not draw the same sizes.
+fn flow_seed(experiment: Option<u64>, flow: &str) -> u64 {
+    let Some(seed) = experiment else {
+        return 1;
+    };
+    seed.to_le_bytes()
+        .iter()
+        .chain(flow.as_bytes())
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+            (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+        })
 }
 
 fn params(spec: &FlowSpec, graph: &Graph, links: &[PlannedLink]) -> FlowParams {

@@ -24,6 +24,8 @@ pub struct Plan {
     pub dataplane: Dataplane,
     /// How often agents report counters, in milliseconds (changes apply live).
     pub report_interval_ms: u32,
+    /// `spec.seed`: the experiment's seed (None = derived from names alone).
+    pub seed: Option<u64>,
     /// Sorted by `index`; `index` is the node's position in the topology.
     pub nodes: Vec<PlannedNode>,
     /// Sorted by name.

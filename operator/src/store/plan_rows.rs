@@ -17,13 +17,13 @@ pub(super) async fn upsert_topology(
     source: &str,
 ) -> Result<(i64, i64)> {
     let row = sqlx::query(
-        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms, ttl_decrement) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms, ttl_decrement, seed) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
          ON CONFLICT (name) DO UPDATE SET generation = topologies.generation + 1, \
            placement = EXCLUDED.placement, runtime = EXCLUDED.runtime, overlay = EXCLUDED.overlay, \
            underlay = EXCLUDED.underlay, processors = EXCLUDED.processors, mapping = EXCLUDED.mapping, \
            mtu = EXCLUDED.mtu, source = EXCLUDED.source, report_interval_ms = EXCLUDED.report_interval_ms, \
-           ttl_decrement = EXCLUDED.ttl_decrement, updated_at = now() \
+           ttl_decrement = EXCLUDED.ttl_decrement, seed = EXCLUDED.seed, updated_at = now() \
          RETURNING id, generation",
     )
     .bind(&plan.topology)
@@ -37,6 +37,8 @@ pub(super) async fn upsert_topology(
     .bind(source)
     .bind(plan.report_interval_ms as i32)
     .bind(plan.dataplane.ttl_decrement)
+    // The bit pattern: a u64 seed above i64::MAX reads back the same.
+    .bind(plan.seed.map(|s| s as i64))
     .fetch_one(&mut **tx)
     .await?;
     Ok((row.get("id"), row.get("generation")))
@@ -199,7 +201,7 @@ pub struct LoadedPlan {
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>> {
     let Some(t) = sqlx::query(
-        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement FROM topologies WHERE name = $1",
+        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement, seed FROM topologies WHERE name = $1",
     )
     .bind(name)
     .fetch_optional(pool)
@@ -327,6 +329,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
             ttl_decrement: t.get("ttl_decrement"),
         },
         report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
+        seed: t.get::<Option<i64>, _>("seed").map(|s| s as u64),
         nodes,
         links,
         flows,
