@@ -69,7 +69,9 @@ fn lost_with(seed: u64) -> BTreeSet<u32> {
         "sender: {}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    env.wait_for("the sink's record", Duration::from_secs(20), || file.exists());
+    env.wait_for("the sink's record", Duration::from_secs(20), || {
+        file.exists()
+    });
     let received: BTreeSet<u32> = std::fs::read_to_string(&file)
         .expect("record")
         .lines()

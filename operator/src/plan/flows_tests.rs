@@ -192,3 +192,54 @@ fn the_flows_example_plans() {
     // 30% of 100 Mbit/s over the web-search mean: 2.19 arrivals per second.
     assert_eq!(web.params.mean_interarrival_us, Some(456_333));
 }
+
+#[test]
+fn the_experiment_seed_reaches_the_plan_and_seeds_flows_without_their_own() {
+    let unseeded = plan("workloads.yaml", WORKLOADS);
+    assert_eq!(unseeded.seed, None);
+    let seeded_text = WORKLOADS.replacen("spec:\n", "spec:\n  seed: 42\n", 1);
+    let seeded = plan("workloads.yaml", &seeded_text);
+    assert_eq!(seeded.seed, Some(42));
+    let other = plan(
+        "workloads.yaml",
+        &WORKLOADS.replacen("spec:\n", "spec:\n  seed: 43\n", 1),
+    );
+    let seed_of = |p: &Plan, name: &str| {
+        p.flows
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.params.seed)
+            .expect("flow")
+    };
+    // A flow with no seed: 1 without an experiment seed, a stream of it with one.
+    let plain = unseeded
+        .flows
+        .iter()
+        .find(|f| f.params.seed == 1)
+        .map(|f| f.name.as_str())
+        .expect("an unseeded flow in the fixture");
+    assert_ne!(seed_of(&seeded, plain), 1);
+    assert_ne!(seed_of(&seeded, plain), seed_of(&other, plain));
+    let names: Vec<&str> = seeded.flows.iter().map(|f| f.name.as_str()).collect();
+    let unseeded_flows: Vec<u64> = names
+        .iter()
+        .filter(|n| seed_of(&unseeded, n) == 1)
+        .map(|n| seed_of(&seeded, n))
+        .collect();
+    assert!(
+        unseeded_flows.len() >= 2
+            && unseeded_flows
+                .iter()
+                .collect::<std::collections::HashSet<_>>()
+                .len()
+                == unseeded_flows.len(),
+        "flows of one experiment get streams of their own: {unseeded_flows:?}"
+    );
+    // A flow's own seed stays its own.
+    let own = seeded
+        .flows
+        .iter()
+        .find(|f| seed_of(&unseeded, &f.name) == 7)
+        .expect("the fixture's seeded flow");
+    assert_eq!(own.params.seed, 7);
+}
