@@ -355,6 +355,7 @@ async fn every_parameter_is_checked_by_the_database() {
         ),
         ("scheduler", json!({"wrr": {"weights": [1, 3]}})),
         ("classes", json!([{"queue": 1, "dscp": 46}])),
+        ("trace_ms", json!([1, 1, 2])),
     ]
     .into_iter()
     .collect();

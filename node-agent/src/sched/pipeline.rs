@@ -9,8 +9,9 @@
 
 use super::aqm::{Aqm, EcnThreshold, Red, TailDrop, Verdict};
 use super::classify::{Classifier, RuleClassifier};
-use super::config::ShaperConfig;
-use super::config::{AqmConfig, ConfigError, LinkConfig, MAX_QUEUES, QueueLimits, SchedulerConfig};
+use super::config::{
+    AqmConfig, ConfigError, LinkConfig, MAX_QUEUES, QueueLimits, SchedulerConfig, ShaperConfig,
+};
 use super::delay_line::DelayLine;
 use super::impair::{Action, Impairment, Netem, Release};
 use super::queue::{Entry, QueueState, Queues};
