@@ -17,7 +17,7 @@
 //! `sudo NEXTMINI_BIN_DIR=$PWD/target/release cargo run --release -p nextmini-e2e --example bench_queues`
 
 use anyhow::{Context, bail};
-use nextmini_e2e::bench::{self, interrupt};
+use nextmini_e2e::bench;
 use nextmini_e2e::{Env, iperf3, tcp_goodput};
 use serde_json::{Value, json};
 use std::io::{Read, Write};
@@ -188,18 +188,10 @@ fn measure(env: &mut Env, case: &Case, rate: &str, secs: u64) -> anyhow::Result<
 }
 
 fn main() -> anyhow::Result<()> {
-    let secs = std::env::var("NEXTMINI_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(15u64);
+    let secs = bench::bench_secs(15);
     let rate = std::env::var("NEXTMINI_QUEUES_RATE").unwrap_or_else(|_| "100Mbit".into());
     let provenance = bench::provenance("bench_queues");
-    let mut env = Env::new("bench-queues");
-    let down = std::sync::Mutex::new(env.command(&["down"]));
-    let guard = interrupt::on_interrupt(move || {
-        let _ = down.lock().map(|mut c| c.output());
-    });
-    let outcome = (|| -> anyhow::Result<Vec<Value>> {
+    let rows = bench::with_env("bench-queues", |env| {
         env.apply_yaml(TOPOLOGY, &manifest(&rate, CASES[0].queue));
         for i in 1..=SENDERS {
             let port = (5200 + i).to_string();
@@ -215,13 +207,10 @@ fn main() -> anyhow::Result<()> {
         let mut rows = Vec::new();
         for case in &CASES {
             eprintln!("== {}: {}", case.name, case.queue);
-            rows.push(measure(&mut env, case, &rate, secs).with_context(|| case.name)?);
+            rows.push(measure(env, case, &rate, secs).with_context(|| case.name)?);
         }
         Ok(rows)
-    })();
-    drop(env);
-    interrupt::forget(guard);
-    let rows = outcome?;
+    })?;
 
     println!("| queue | median occupancy | p99 occupancy | goodput (5 flows) |");
     println!("|---|---|---|---|");

@@ -17,6 +17,7 @@
 //!
 //! `sudo NEXTMINI_BIN_DIR=$PWD/target/release cargo run --release -p nextmini-e2e --example bench_shaped`
 
+use anyhow::Context;
 use nextmini_e2e::bench::{self, interrupt};
 use nextmini_e2e::{Env, agent_pids_of, all_acked, iperf3, tcp_goodput, tcp_payload_ratio};
 use serde_json::json;
@@ -181,31 +182,14 @@ fn measure(env: &mut Env, case: &Case, secs: u64) -> anyhow::Result<serde_json::
 }
 
 fn main() -> anyhow::Result<()> {
-    let secs = std::env::var("NEXTMINI_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(10u64);
+    let secs = bench::bench_secs(10);
     let provenance = bench::provenance("bench_shaped");
-    let mut env = Env::new("bench-shaped");
-    // Drop guards do not run on Ctrl-C: take everything down then too.
-    let down = std::sync::Mutex::new(env.command(&["down"]));
-    let guard = interrupt::on_interrupt(move || {
-        let _ = down.lock().map(|mut c| c.output());
-    });
-    let mut rows = Vec::new();
-    let mut outcome = Ok(());
-    for case in &CASES {
-        match measure(&mut env, case, secs) {
-            Ok(row) => rows.push(row),
-            Err(e) => {
-                outcome = Err(e.context(format!("case {}", case.name)));
-                break;
-            }
-        }
-    }
-    drop(env);
-    interrupt::forget(guard);
-    outcome?;
+    let rows = bench::with_env("bench-shaped", |env| {
+        CASES
+            .iter()
+            .map(|case| measure(env, case, secs).with_context(|| format!("case {}", case.name)))
+            .collect::<anyhow::Result<Vec<_>>>()
+    })?;
 
     let us = |name: &str| {
         rows.iter()

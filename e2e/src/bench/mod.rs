@@ -334,3 +334,29 @@ mod tests {
         );
     }
 }
+
+/// `NEXTMINI_BENCH_SECS`, the length of each measured run, or `default`.
+pub fn bench_secs(default: u64) -> u64 {
+    std::env::var("NEXTMINI_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `body` in a fresh [`crate::Env`] named `name`, which is taken down
+/// when `body` returns and also on Ctrl-C (drop guards do not run on a signal;
+/// `down` stops every process in the topologies' namespaces, iperf3 included).
+pub fn with_env<T>(
+    name: &str,
+    body: impl FnOnce(&mut crate::Env) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let mut env = crate::Env::new(name);
+    let down = std::sync::Mutex::new(env.command(&["down"]));
+    let guard = interrupt::on_interrupt(move || {
+        let _ = down.lock().map(|mut c| c.output());
+    });
+    let outcome = body(&mut env);
+    drop(env);
+    interrupt::forget(guard);
+    outcome
+}
