@@ -115,14 +115,6 @@ fn drops(env: &Env) -> Value {
     out
 }
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let rank = ((p / 100.0) * (sorted.len() - 1) as f64).round() as usize;
-    sorted[rank.min(sorted.len() - 1)]
-}
-
 fn measure(env: &mut Env, case: &Case, rate: &str, secs: u64) -> anyhow::Result<Value> {
     env.apply_yaml(TOPOLOGY, &manifest(rate, case.queue));
     let drops_before = drops(env);
@@ -178,8 +170,8 @@ fn measure(env: &mut Env, case: &Case, rate: &str, secs: u64) -> anyhow::Result<
         "case": case.name,
         "queue": case.queue,
         "samples": samples.len(),
-        "median_packets": percentile(&sorted, 50.0),
-        "p99_packets": percentile(&sorted, 99.0),
+        "median_packets": bench::percentile(&sorted, 0.5),
+        "p99_packets": bench::percentile(&sorted, 0.99),
         "goodput_bps": goodput,
         "retransmits": reports.iter().map(|r| r["end"]["sum_sent"]["retransmits"].as_i64().unwrap_or(0)).sum::<i64>(),
         "counters_before": drops_before,

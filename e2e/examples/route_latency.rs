@@ -13,6 +13,7 @@
 //! (agent counts; default 10 and 200). Needs the release binaries built.
 
 use nextmini_e2e::Env;
+use nextmini_e2e::bench::percentile;
 use std::time::Duration;
 
 const SWITCHES: usize = 60;
@@ -64,11 +65,6 @@ fn manifest(agents: usize) -> String {
         prev = n;
     }
     out
-}
-
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
 }
 
 async fn run(agents: usize) -> Vec<f64> {

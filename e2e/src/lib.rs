@@ -6,6 +6,7 @@
 pub mod bench;
 pub mod kube;
 pub mod load;
+pub mod udp_sink;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};

@@ -5,6 +5,7 @@
 //! others.
 
 use nextmini_e2e::Env;
+use nextmini_e2e::udp_sink::UdpSink;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -18,25 +19,6 @@ fn manifest(seed: u64) -> String {
          forward: {{loss: 5%}}\n"
     )
 }
-
-/// Writes the sequence number of every datagram on port 9000 to argv[1] once
-/// 2 s pass without one.
-const SINK: &str = r#"
-import os, socket, sys
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.bind(("0.0.0.0", 9000))
-seen = []
-while True:
-    try:
-        data = s.recv(2048)
-    except socket.timeout:
-        break
-    seen.append(int(data[:8]))
-    s.settimeout(2.0)
-with open(sys.argv[1] + ".tmp", "w") as f:
-    f.write("\n".join(map(str, seen)))
-os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-"#;
 
 /// Sends argv[2] datagrams numbered from 0 to argv[1]:9000, paced so that no
 /// queue on the way overflows (only the emulated loss may drop one).
@@ -54,14 +36,7 @@ for i in range(int(sys.argv[2])):
 fn lost_with(seed: u64) -> BTreeSet<u32> {
     let mut env = Env::new("seeds");
     env.apply_yaml(TOPOLOGY, &manifest(seed));
-    let file = env.state_dir.join("received");
-    let out = file.to_str().expect("path").to_owned();
-    env.spawn_in("b", &["python3", "-c", SINK, &out]);
-    env.wait_for("the UDP sink", Duration::from_secs(10), || {
-        env.exec("b", &["sh", "-c", "ss -lun | grep -q ':9000 '"])
-            .status
-            .success()
-    });
+    let sink = UdpSink::start(&mut env, "b", 9000, Duration::from_secs(2));
     let count = DATAGRAMS.to_string();
     let sent = env.exec("a", &["python3", "-c", SENDER, "b", &count]);
     assert!(
@@ -69,13 +44,10 @@ fn lost_with(seed: u64) -> BTreeSet<u32> {
         "sender: {}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    env.wait_for("the sink's record", Duration::from_secs(20), || {
-        file.exists()
-    });
-    let received: BTreeSet<u32> = std::fs::read_to_string(&file)
-        .expect("record")
-        .lines()
-        .filter_map(|l| l.trim().parse().ok())
+    let received: BTreeSet<u32> = sink
+        .arrivals(&env, Duration::from_secs(20))
+        .iter()
+        .filter_map(|a| a.seq)
         .collect();
     env.ok(&["down", TOPOLOGY]);
     (0..DATAGRAMS).filter(|i| !received.contains(i)).collect()

@@ -7,6 +7,7 @@
 //! or opportunities of the wrong size, fail it.
 
 use nextmini_e2e::Env;
+use nextmini_e2e::udp_sink::UdpSink;
 use std::time::Duration;
 
 const TOPOLOGY: &str = "trace";
@@ -31,26 +32,6 @@ fn manifest() -> String {
          queue: {{limit: 300pkt}}\n      forward: {{trace: {{inline: \"{inline}\"}}}}\n"
     )
 }
-
-/// Records the arrival time (CLOCK_MONOTONIC, ns) of every datagram on port
-/// 9000 until 3 s pass without one, then writes them to argv[1].
-const SINK: &str = r#"
-import os, socket, sys, time
-s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
-s.bind(("0.0.0.0", 9000))
-times = []
-while True:
-    try:
-        s.recv(4096)
-    except socket.timeout:
-        break
-    times.append(time.monotonic_ns())
-    s.settimeout(3.0)
-with open(sys.argv[1] + ".tmp", "w") as f:
-    f.write("\n".join(map(str, times)))
-os.rename(sys.argv[1] + ".tmp", sys.argv[1])
-"#;
 
 /// Sends `PAYLOAD`-byte datagrams to argv[1]:9000 at argv[2] bit/s for argv[3] s.
 const SENDER: &str = r#"
@@ -103,15 +84,7 @@ fn fit_phase(bins: &[u64]) -> u64 {
 fn a_trace_link_delivers_each_seconds_opportunities() {
     let mut env = Env::new("trace-links");
     env.apply_yaml(TOPOLOGY, &manifest());
-    let arrivals_file = std::env::temp_dir().join(format!("nextmini-trace-{}", std::process::id()));
-    let _ = std::fs::remove_file(&arrivals_file);
-    let out = arrivals_file.to_str().expect("path").to_owned();
-    env.spawn_in("b", &["python3", "-c", SINK, &out]);
-    env.wait_for("the UDP sink", Duration::from_secs(10), || {
-        env.exec("b", &["sh", "-c", "ss -lun | grep -q ':9000 '"])
-            .status
-            .success()
-    });
+    let sink = UdpSink::start(&mut env, "b", 9000, Duration::from_secs(3));
     // 40 Mbit/s offered: above both phases, so the link is always backlogged.
     let payload = PAYLOAD.to_string();
     let sent = env.exec("a", &["python3", "-c", SENDER, "b", "40e6", "9", &payload]);
@@ -120,12 +93,11 @@ fn a_trace_link_delivers_each_seconds_opportunities() {
         "sender: {}",
         String::from_utf8_lossy(&sent.stderr)
     );
-    env.wait_for("the sink's record", Duration::from_secs(30), || {
-        arrivals_file.exists()
-    });
-    let text = std::fs::read_to_string(&arrivals_file).expect("arrivals");
-    let _ = std::fs::remove_file(&arrivals_file);
-    let times: Vec<u64> = text.lines().filter_map(|l| l.parse().ok()).collect();
+    let times: Vec<u64> = sink
+        .arrivals(&env, Duration::from_secs(30))
+        .iter()
+        .map(|a| a.at_ns)
+        .collect();
     assert!(
         times.len() > 5_000,
         "only {} datagrams arrived",

@@ -9,6 +9,16 @@ pub mod interrupt;
 use std::path::PathBuf;
 use std::process::Command;
 
+/// The value at fraction `p` (0.5 the median, 0.99 the p99) of `sorted`, by
+/// nearest rank; NaN when empty.
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return f64::NAN;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
 /// Median of the values (the mean of the middle two for an even count).
 pub fn median(values: &[f64]) -> f64 {
     let mut v: Vec<f64> = values.iter().copied().filter(|x| x.is_finite()).collect();
@@ -304,6 +314,32 @@ pub fn cpu_seconds(pids: &[i32]) -> anyhow::Result<f64> {
     pids.iter().map(|&p| process_cpu_seconds(p)).sum()
 }
 
+/// `NEXTMINI_BENCH_SECS`, the length of each measured run, or `default`.
+pub fn bench_secs(default: u64) -> u64 {
+    std::env::var("NEXTMINI_BENCH_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Runs `body` in a fresh [`crate::Env`] named `name`, which is taken down
+/// when `body` returns and also on Ctrl-C (drop guards do not run on a signal;
+/// `down` stops every process in the topologies' namespaces, iperf3 included).
+pub fn with_env<T>(
+    name: &str,
+    body: impl FnOnce(&mut crate::Env) -> anyhow::Result<T>,
+) -> anyhow::Result<T> {
+    let mut env = crate::Env::new(name);
+    let down = std::sync::Mutex::new(env.command(&["down"]));
+    let guard = interrupt::on_interrupt(move || {
+        let _ = down.lock().map(|mut c| c.output());
+    });
+    let outcome = body(&mut env);
+    drop(env);
+    interrupt::forget(guard);
+    outcome
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -333,30 +369,4 @@ mod tests {
                 .is_empty()
         );
     }
-}
-
-/// `NEXTMINI_BENCH_SECS`, the length of each measured run, or `default`.
-pub fn bench_secs(default: u64) -> u64 {
-    std::env::var("NEXTMINI_BENCH_SECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// Runs `body` in a fresh [`crate::Env`] named `name`, which is taken down
-/// when `body` returns and also on Ctrl-C (drop guards do not run on a signal;
-/// `down` stops every process in the topologies' namespaces, iperf3 included).
-pub fn with_env<T>(
-    name: &str,
-    body: impl FnOnce(&mut crate::Env) -> anyhow::Result<T>,
-) -> anyhow::Result<T> {
-    let mut env = crate::Env::new(name);
-    let down = std::sync::Mutex::new(env.command(&["down"]));
-    let guard = interrupt::on_interrupt(move || {
-        let _ = down.lock().map(|mut c| c.output());
-    });
-    let outcome = body(&mut env);
-    drop(env);
-    interrupt::forget(guard);
-    outcome
 }

@@ -1,12 +1,6 @@
 //! The figures of a run, and the checks that nothing was lost.
 
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return f64::NAN;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i.min(sorted.len() - 1)]
-}
+use crate::bench::percentile;
 
 /// Latencies of one kind, in milliseconds.
 #[derive(Debug, Clone, Default)]

@@ -101,24 +101,26 @@ impl Shaper for TokenBucket {
     }
 }
 
+/// Sends `n` back-to-back packets of `len` bytes through `shaper` as early as
+/// it allows, all waiting from `start`; returns the departure times.
+#[cfg(test)]
+pub(crate) fn send_backlog(shaper: &mut impl Shaper, n: usize, len: u32, start: u64) -> Vec<u64> {
+    let mut t = start;
+    (0..n)
+        .map(|_| {
+            t = shaper.earliest(len, t);
+            shaper.consume(len, t);
+            t
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+    use super::send_backlog as send;
     use super::*;
 
     const SEC: u64 = 1_000_000_000;
-
-    /// Sends `n` back-to-back packets as early as allowed from `start`; returns
-    /// the departure times.
-    fn send(tb: &mut TokenBucket, n: usize, len: u32, start: u64) -> Vec<u64> {
-        let mut t = start;
-        (0..n)
-            .map(|_| {
-                t = tb.earliest(len, t);
-                tb.consume(len, t);
-                t
-            })
-            .collect()
-    }
 
     #[test]
     fn long_run_rate_matches() {

@@ -178,24 +178,13 @@ impl Shaper for TraceShaper {
 
 #[cfg(test)]
 mod tests {
+    use super::super::shaper::send_backlog as send;
     use super::*;
 
     const MS: u64 = NS_PER_MS;
 
     fn shaper(ms: &[u32]) -> TraceShaper {
         TraceShaper::new(ms.into(), 0).expect("valid trace")
-    }
-
-    /// Sends `n` packets of `len` bytes, all waiting from `start`.
-    fn send(s: &mut TraceShaper, n: usize, len: u32, start: u64) -> Vec<u64> {
-        let mut t = start;
-        (0..n)
-            .map(|_| {
-                t = s.earliest(len, t);
-                s.consume(len, t);
-                t
-            })
-            .collect()
     }
 
     #[test]
