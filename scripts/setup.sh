@@ -31,8 +31,8 @@ commands=(ip ping curl python3 cc pkg-config psql)
 # observability e2e suite scrapes a topology with a real Prometheus and renders
 # the HTML topology graph headless; openssl: the isolation suite forges a client
 # certificate outside the control CA; traceroute: the TTL suite sees the
-# emulated routers.
-$testing && commands+=(iperf3 prometheus chromium openssl traceroute)
+# emulated routers; tshark: the capture suite reads `nextmini capture`'s pcapng.
+$testing && commands+=(iperf3 prometheus chromium openssl traceroute tshark)
 for cmd in "${commands[@]}"; do
   if ! have "$cmd"; then
     case "$cmd" in

@@ -9,6 +9,8 @@
 //! `kubectl delete` leaving nothing.
 //! Then packed placement: six nodes in two worker pods, Ready, traffic from a
 //! node of one worker to a node of the other, and nothing left after delete.
+//! In both placements `nextmini capture` run in the sending node's pod streams
+//! annotated pcapng of a link under that traffic, which tshark reads.
 //!
 //! Ignored by plain `cargo test`; `make test` starts a cluster built from
 //! source and runs it with `--ignored`. Against your own cluster (kind, k3s):
@@ -22,6 +24,79 @@ use std::time::{Duration, Instant};
 mod kube_bad_corpus;
 
 const MIB: u64 = 1 << 20;
+/// Packets each in-cluster capture takes.
+const CAPTURED: usize = 100;
+
+/// Runs `traffic` while `nextmini capture LINK --node NODE -c CAPTURED -w -`
+/// runs in the pod (container) of the node that sends it; checks with tshark
+/// that the stream is pcapng of that many packets, each annotated as sent,
+/// and that it carried the traffic (TCP segments of full size).
+fn capture_during<T>(
+    c: &Cluster,
+    pod: &str,
+    container: Option<&str>,
+    link: &str,
+    node: &str,
+    traffic: impl FnOnce() -> T,
+) -> T {
+    let count = CAPTURED.to_string();
+    let mut args = vec!["exec", pod];
+    if let Some(container) = container {
+        args.extend(["-c", container]);
+    }
+    args.extend(["--", "nextmini", "capture", link, "--node", node]);
+    args.extend(["-c", &count, "-w", "-"]);
+    let (captured, result) = std::thread::scope(|s| {
+        let capture = s.spawn(|| c.kubectl(&args));
+        // kubectl exec takes a moment before the agent attaches the tap.
+        std::thread::sleep(Duration::from_secs(2));
+        let result = traffic();
+        (capture.join().expect("capture thread"), result)
+    });
+    assert!(
+        captured.status.success(),
+        "nextmini capture in {pod}: {}",
+        String::from_utf8_lossy(&captured.stderr)
+    );
+    let file = std::env::temp_dir().join(format!("nm-kube-{pod}-{link}.pcapng"));
+    std::fs::write(&file, &captured.stdout).expect("writing the capture");
+    let read = std::process::Command::new("tshark")
+        .arg("-r")
+        .arg(&file)
+        .args(["-T", "fields", "-E", "separator=/t", "-e", "ip.proto"])
+        .args(["-e", "frame.len", "-e", "frame.comment"])
+        .output()
+        .expect("tshark (scripts/setup.sh --test installs it)");
+    let _ = std::fs::remove_file(&file);
+    let text = String::from_utf8_lossy(&read.stdout);
+    assert!(
+        read.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&read.stderr)
+    );
+    let rows: Vec<Vec<&str>> = text.lines().map(|l| l.split('\t').collect()).collect();
+    assert_eq!(rows.len(), CAPTURED, "packets captured in {pod}");
+    for row in &rows {
+        assert!(
+            row.get(2).is_some_and(
+                |c| c.starts_with("nextmini verdict=sent ") && c.contains(" departed=")
+            ),
+            "not annotated as sent: {row:?}"
+        );
+    }
+    let full_tcp = rows
+        .iter()
+        .filter(|r| r[0] == "6" && r[1].parse::<u32>().unwrap_or(0) >= 1000)
+        .count();
+    assert!(
+        full_tcp > CAPTURED / 2,
+        "only {full_tcp} full TCP segments: {rows:?}"
+    );
+    println!(
+        "capture of {link} from {node} in {pod}: {CAPTURED} packets, {full_tcp} full TCP segments, all annotated"
+    );
+    result
+}
 
 fn tools_image() -> String {
     std::env::var("NEXTMINI_E2E_TOOLS_IMAGE")
@@ -247,7 +322,10 @@ fn operator_runs_line3_on_a_real_cluster() {
         String::from_utf8_lossy(&ping.stderr)
     );
     let before: i64 = b_received(&c);
-    let (sha, speed) = fetch(&c, "http://c:8000/big");
+    // The bytes from c reach a through b, which sends them on a-b.
+    let (sha, speed) = capture_during(&c, "line3-b", Some("agent"), "a-b", "b", || {
+        fetch(&c, "http://c:8000/big")
+    });
     assert_eq!(sha, expected, "the file arrived intact");
     let unshaped_mbit = speed * 8.0 / 1e6;
     println!("20 MiB c -> b -> a across pods: {unshaped_mbit:.0} Mbit/s");
@@ -678,12 +756,15 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
     ]);
     wait_for_web(c, "packed6-worker-0", "a", "http://f:8000/");
     let before = c_received(c);
-    let out = in_node(
-        c,
-        "packed6-worker-0",
-        "a",
-        "curl -sS --fail --max-time 120 -o /tmp/got -w '%{speed_download}' http://f:8000/big && echo && python3 -c \"import hashlib; print(hashlib.sha256(open('/tmp/got','rb').read()).hexdigest())\"",
-    );
+    // d (worker 1) sends the bytes on c-d to c (worker 0).
+    let out = capture_during(c, "packed6-worker-1", None, "c-d", "d", || {
+        in_node(
+            c,
+            "packed6-worker-0",
+            "a",
+            "curl -sS --fail --max-time 120 -o /tmp/got -w '%{speed_download}' http://f:8000/big && echo && python3 -c \"import hashlib; print(hashlib.sha256(open('/tmp/got','rb').read()).hexdigest())\"",
+        )
+    });
     let mut lines = out.lines();
     let speed: f64 = lines
         .next()

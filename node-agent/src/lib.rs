@@ -15,6 +15,7 @@ pub mod sched;
 pub mod synth;
 
 pub mod alloc;
+pub mod capture;
 pub mod conn;
 pub mod control;
 pub mod counters;

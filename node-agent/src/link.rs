@@ -12,7 +12,7 @@ use crate::offload::{self, Offload};
 use crate::packet::Packet;
 use crate::processor::Processors;
 use crate::quic;
-use crate::sched::{PacketMeta, Payload, Pipeline, RELEASE_SLACK};
+use crate::sched::{PacketMeta, Payload, Pipeline, RELEASE_SLACK, Tap};
 use crate::timer::PreciseTimer;
 use bytes::{Bytes, BytesMut};
 use futures::{SinkExt, StreamExt};
@@ -91,6 +91,13 @@ pub struct LinkHandle {
     queue: mpsc::Sender<Packet>,
     attach: mpsc::Sender<Conn>,
     params: watch::Sender<pb::LinkParams>,
+    /// Attaches a capture's tap to the pipeline.
+    taps: mpsc::Sender<Box<dyn Tap>>,
+    /// The running capture's channel: it is running while its reader is open.
+    /// Weak, so that a tap that has what it wanted ends the stream by dropping.
+    capturing: std::sync::Mutex<Option<mpsc::WeakSender<crate::capture::CapturedPacket>>>,
+    /// The pipeline's clock starts here.
+    epoch: Instant,
     _stop: watch::Sender<()>,
 }
 
@@ -115,7 +122,9 @@ impl LinkHandle {
         let (attach, attach_rx) = mpsc::channel(4);
         let (stop, stop_rx) = watch::channel(());
         let (params_tx, params_rx) = watch::channel(params);
+        let (taps, taps_rx) = mpsc::channel(1);
         let counters = Arc::new(LinkCounters::default());
+        let epoch = Instant::now();
         let task = LinkTask {
             spec: spec.clone(),
             counters: counters.clone(),
@@ -123,9 +132,10 @@ impl LinkHandle {
             queue: queue_rx,
             attach: attach_rx,
             params: params_rx,
+            taps: taps_rx,
             stop: stop_rx,
             pipeline,
-            epoch: Instant::now(),
+            epoch,
             ready: Vec::new(),
         };
         tokio::spawn(task.run());
@@ -135,6 +145,9 @@ impl LinkHandle {
             queue,
             attach,
             params: params_tx,
+            taps,
+            capturing: std::sync::Mutex::new(None),
+            epoch,
             _stop: stop,
         }))
     }
@@ -151,6 +164,43 @@ impl LinkHandle {
         if self.attach.send(conn).await.is_err() {
             tracing::debug!(link = %self.spec.name, "link stopped; connection dropped");
         }
+    }
+
+    /// Captures what the pipeline does to each packet this node sends on the
+    /// link, into `tx` (see `crate::capture`). Refused while another capture
+    /// of the link runs.
+    pub fn capture(
+        &self,
+        tx: mpsc::Sender<crate::capture::CapturedPacket>,
+        snaplen: u32,
+        count: Option<u64>,
+        counters: Arc<crate::capture::TapCounters>,
+    ) -> Result<(), ()> {
+        {
+            let mut current = self
+                .capturing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if current
+                .as_ref()
+                .and_then(mpsc::WeakSender::upgrade)
+                .is_some_and(|tx| !tx.is_closed())
+            {
+                return Err(());
+            }
+            *current = Some(tx.downgrade());
+        }
+        let unix_now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        let offset = unix_now.saturating_sub(self.epoch.elapsed()).as_nanos() as u64;
+        let tap = crate::capture::LinkTap::new(tx, snaplen, count, offset, counters);
+        // The new tap replaces an ended capture's, which the pipeline may still
+        // hold if no packet has passed since. The slot is full only if that
+        // one has not reached the task yet; a closed slot is a stopped link.
+        // Either way the tap dropped here ends its capture.
+        let _ = self.taps.try_send(Box::new(tap));
+        Ok(())
     }
 
     /// Configured shaped rate of the direction this node sends, bit/s (0 = unlimited).
@@ -201,6 +251,7 @@ struct LinkTask {
     queue: mpsc::Receiver<Packet>,
     attach: mpsc::Receiver<Conn>,
     params: watch::Receiver<pb::LinkParams>,
+    taps: mpsc::Receiver<Box<dyn Tap>>,
     stop: watch::Receiver<()>,
     pipeline: Pipeline<Outbound>,
     epoch: Instant,
@@ -336,6 +387,10 @@ impl LinkTask {
                     } else {
                         tracing::info!(link = %self.spec.name, "link parameters changed");
                     }
+                }
+                Some(tap) = self.taps.recv() => {
+                    self.pipeline.set_tap(Some(tap));
+                    tracing::info!(link = %self.spec.name, "capture started");
                 }
                 replacement = self.attach.recv() => match replacement {
                     Some(c) => break Outcome::Replaced(c),

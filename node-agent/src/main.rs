@@ -119,16 +119,19 @@ fn main() -> anyhow::Result<()> {
             .with_socks_listeners(socks)
             .with_tun_offload(args.tun_offload);
         if let Some(path) = args.metrics_socket {
-            let registry = nextmini_agent::metrics::registry(
-                &args.topology,
-                &args.node,
-                dataplane.metrics_source(),
-            );
+            let source = dataplane.metrics_source();
+            let endpoints = nextmini_agent::metrics::Endpoints {
+                links: source.links.clone(),
+                registry: std::sync::Arc::new(nextmini_agent::metrics::registry(
+                    &args.topology,
+                    &args.node,
+                    source,
+                )),
+                node: args.node.clone(),
+            };
             // Dropped with the runtime when the agent stops, which removes the socket.
             tokio::spawn(async move {
-                if let Err(e) =
-                    nextmini_agent::metrics::serve(path, std::sync::Arc::new(registry)).await
-                {
+                if let Err(e) = nextmini_agent::metrics::serve(path, endpoints).await {
                     tracing::warn!(error = %e, "metrics endpoint failed; the dataplane keeps running");
                 }
             });

@@ -11,7 +11,7 @@ mod server;
 
 pub use collector::DataplaneCollector;
 pub use flows::{FlowCollector, observe_flow_completion};
-pub use server::serve;
+pub use server::{Endpoints, PCAPNG, serve};
 
 use crate::counters::NodeCounters;
 use crate::listener::LinkMap;

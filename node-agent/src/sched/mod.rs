@@ -33,6 +33,7 @@ mod queue;
 pub mod scheduler;
 pub mod schemes;
 pub mod shaper;
+pub mod tap;
 pub mod trace_shaper;
 
 #[cfg(test)]
@@ -53,6 +54,7 @@ pub use pipeline::{
 pub use queue::QueueState;
 pub use scheduler::Scheduler;
 pub use shaper::{Shaper, TokenBucket};
+pub use tap::{Tap, TapRecord, TapVerdict};
 pub use trace_shaper::TraceShaper;
 
 /// The random number generator every scheme draws from: small, fast, seedable.

@@ -18,6 +18,7 @@ use super::queue::{Entry, QueueState, Queues};
 use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
 use super::schemes::{self, LinkContext};
 use super::shaper::{Shaper, TokenBucket};
+use super::tap::{Tap, TapRecord, TapVerdict};
 use super::trace_shaper::TraceShaper;
 use super::{PacketMeta, Payload};
 use nextmini_proto::v1::LinkParams;
@@ -261,6 +262,8 @@ pub struct Pipeline<P> {
     stats: PipelineStats,
     /// The configuration the built-in parts came from; `None` for custom parts.
     applied: Option<LinkConfig>,
+    /// The observer of every packet's fate (a capture), if one is attached.
+    tap: Option<Box<dyn Tap>>,
 }
 
 impl<P> fmt::Debug for Pipeline<P> {
@@ -313,6 +316,7 @@ impl<P: Payload> Pipeline<P> {
                 ..PipelineStats::default()
             },
             applied: None,
+            tap: None,
         })
     }
 
@@ -324,16 +328,21 @@ impl<P: Payload> Pipeline<P> {
         let q = self.classifier.classify(&meta).min(self.queues.len() - 1);
         let state = self.queues.states()[q];
         let verdict = self.aqms[q].on_enqueue(&state, &meta, now, &mut self.rng);
-        if verdict == Verdict::Drop {
-            return self.drop(DropCause::Aqm);
-        }
-        if !self.fits(&state, meta.len) {
-            return self.drop(DropCause::QueueFull);
-        }
+        let refused = if verdict == Verdict::Drop {
+            Some(DropCause::Aqm)
+        } else if !self.fits(&state, meta.len) {
+            Some(DropCause::QueueFull)
+        } else {
+            None
+        };
         let marked = verdict == Verdict::Mark;
         // A mark the packet cannot carry becomes the drop it stands for.
-        if marked && !(meta.ecn_capable && payload.mark_ce()) {
-            return self.drop(DropCause::Aqm);
+        let refused = refused.or_else(|| {
+            (marked && !(meta.ecn_capable && payload.mark_ce())).then_some(DropCause::Aqm)
+        });
+        if let Some(cause) = refused {
+            self.tap_refused(&payload, &meta, q, &state, now, cause);
+            return self.drop(cause);
         }
         self.seq += 1;
         self.queues.push(
@@ -343,6 +352,9 @@ impl<P: Payload> Pipeline<P> {
                 meta,
                 arrival: now,
                 seq: self.seq,
+                depth_packets: state.packets,
+                depth_bytes: state.bytes,
+                marked,
             },
         );
         self.scheduler.on_enqueue(q, &meta);
@@ -560,7 +572,73 @@ impl<P: Payload> Pipeline<P> {
         self.releases.clear();
         self.impairment
             .impair(&entry.meta, at, &mut self.rng, &mut self.releases);
+        if self.tap.is_some() {
+            self.tap_departed(q, &entry, at);
+        }
         self.put_on_wire(entry.payload, entry.meta.len, at);
+    }
+
+    /// Tells the tap about a packet refused at the queue.
+    fn tap_refused(
+        &mut self,
+        payload: &P,
+        meta: &PacketMeta,
+        q: usize,
+        state: &QueueState,
+        now: u64,
+        cause: DropCause,
+    ) {
+        let Some(tap) = self.tap.as_mut() else {
+            return;
+        };
+        let record = TapRecord {
+            bytes: payload.bytes(),
+            len: meta.len,
+            enqueued_ns: now,
+            departed_ns: None,
+            delivered_ns: None,
+            queue: q,
+            depth_packets: state.packets,
+            depth_bytes: state.bytes,
+            verdict: TapVerdict::Dropped(cause),
+        };
+        if !tap.record(&record) {
+            self.tap = None;
+        }
+    }
+
+    /// Tells the tap what the impairment made of a packet leaving its queue at `at`.
+    fn tap_departed(&mut self, q: usize, entry: &Entry<P>, at: u64) {
+        let Some(tap) = self.tap.as_mut() else {
+            return;
+        };
+        let delivered = self.releases.iter().filter(|r| r.action != Action::Drop);
+        let copies = delivered.clone().count() as u32;
+        let verdict = if copies == 0 {
+            TapVerdict::Dropped(DropCause::Loss)
+        } else {
+            TapVerdict::Sent {
+                ecn_marked: entry.marked,
+                corrupted: delivered
+                    .clone()
+                    .any(|r| r.action == Action::DeliverCorrupted),
+                copies,
+            }
+        };
+        let record = TapRecord {
+            bytes: entry.payload.bytes(),
+            len: entry.meta.len,
+            enqueued_ns: entry.arrival,
+            departed_ns: Some(at),
+            delivered_ns: delivered.map(|r| r.at.max(at)).min(),
+            queue: q,
+            depth_packets: entry.depth_packets,
+            depth_bytes: entry.depth_bytes,
+            verdict,
+        };
+        if !tap.record(&record) {
+            self.tap = None;
+        }
     }
 
     fn put_on_wire(&mut self, payload: P, len: u32, departed: u64) {
@@ -630,6 +708,16 @@ impl<P: Payload> Pipeline<P> {
 }
 
 impl<P> Pipeline<P> {
+    /// Attaches an observer of every packet's fate, replacing any other;
+    /// `None` detaches. A tap that answers false is detached by the pipeline.
+    pub fn set_tap(&mut self, tap: Option<Box<dyn Tap>>) {
+        self.tap = tap;
+    }
+
+    pub fn tapped(&self) -> bool {
+        self.tap.is_some()
+    }
+
     pub fn stats(&self) -> &PipelineStats {
         &self.stats
     }

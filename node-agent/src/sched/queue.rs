@@ -29,6 +29,11 @@ pub(crate) struct Entry<P> {
     /// When the packet arrived: it cannot leave earlier.
     pub arrival: u64,
     pub seq: u64,
+    /// What a capture reports of its arrival: the queue's depth before it
+    /// (packets, bytes) and whether the AQM marked it ECN CE.
+    pub depth_packets: u32,
+    pub depth_bytes: u64,
+    pub marked: bool,
 }
 
 /// Ring buffers (no allocation per packet once warmed up) plus their states.
@@ -130,6 +135,9 @@ mod tests {
             meta: PacketMeta::with_len(len),
             arrival: 0,
             seq,
+            depth_packets: 0,
+            depth_bytes: 0,
+            marked: false,
         }
     }
 

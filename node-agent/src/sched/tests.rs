@@ -853,3 +853,118 @@ fn a_trace_with_a_rate_or_out_of_order_is_refused_with_the_field() {
         "trace_ms: entry 1 (2 ms) is before the one above it (3 ms): offsets must not decrease"
     );
 }
+
+/// Keeps every record a pipeline's tap gets, up to `limit`.
+#[derive(Clone, Default)]
+struct Recorder {
+    seen: std::sync::Arc<
+        std::sync::Mutex<Vec<(u16, TapVerdict, u64, Option<u64>, Option<u64>, u32)>>,
+    >,
+    limit: usize,
+}
+
+impl Tap for Recorder {
+    fn record(&mut self, r: &TapRecord<'_>) -> bool {
+        let mut seen = self.seen.lock().expect("not poisoned");
+        let port = u16::from_be_bytes([r.bytes[22], r.bytes[23]]);
+        seen.push((
+            port,
+            r.verdict,
+            r.enqueued_ns,
+            r.departed_ns,
+            r.delivered_ns,
+            r.depth_packets,
+        ));
+        seen.len() < self.limit
+    }
+}
+
+#[test]
+fn a_tap_sees_each_packets_times_depth_and_fate() {
+    // 8 kbit/s: a 1000-byte packet takes 1 s; 5 ms delay; ECN marks above 2
+    // queued, the queue holds 4.
+    let mut params = rate(8_000);
+    params.delay_us = 5_000;
+    params.queue = Some(pb::QueueConfig {
+        limit_packets: 4,
+        aqm: Some(pb::queue_config::Aqm::Ecn(pb::EcnThreshold {
+            threshold_packets: 2,
+        })),
+        ..Default::default()
+    });
+    let mut pl = pipeline(&params);
+    let recorder = Recorder {
+        limit: 100,
+        ..Recorder::default()
+    };
+    pl.set_tap(Some(Box::new(recorder.clone())));
+    for i in 0..7u16 {
+        let (p, m) = pkt_with(1000, 0b10, i);
+        pl.enqueue(p, m, 0);
+    }
+    run_to_idle(&mut pl, 0);
+    let mut seen = recorder.seen.lock().expect("not poisoned").clone();
+    seen.sort_by_key(|s| s.0);
+    let sent = |marked| TapVerdict::Sent {
+        ecn_marked: marked,
+        corrupted: false,
+        copies: 1,
+    };
+    let full = TapVerdict::Dropped(DropCause::QueueFull);
+    // Packet 0 leaves at once and the default burst (half a second at this
+    // rate) lets 1 follow it at 0.5 s; 2-4 wait behind them, 1 s each. Marks
+    // come above 2 queued (4 found 3); 5 and 6 find the queue full.
+    let half = SEC / 2;
+    let expected = [
+        (0, sent(false), 0, Some(0), Some(5 * MS), 0),
+        (1, sent(false), 0, Some(half), Some(half + 5 * MS), 0),
+        (
+            2,
+            sent(false),
+            0,
+            Some(half + SEC),
+            Some(half + SEC + 5 * MS),
+            1,
+        ),
+        (
+            3,
+            sent(false),
+            0,
+            Some(half + 2 * SEC),
+            Some(half + 2 * SEC + 5 * MS),
+            2,
+        ),
+        (
+            4,
+            sent(true),
+            0,
+            Some(half + 3 * SEC),
+            Some(half + 3 * SEC + 5 * MS),
+            3,
+        ),
+        (5, full, 0, None, None, 4),
+        (6, full, 0, None, None, 4),
+    ];
+    assert_eq!(seen, expected);
+}
+
+#[test]
+fn a_tap_that_has_enough_is_detached_and_losses_are_told() {
+    let mut params = rate(0);
+    params.loss_ppm = 1_000_000;
+    let mut pl = pipeline(&params);
+    let recorder = Recorder {
+        limit: 3,
+        ..Recorder::default()
+    };
+    pl.set_tap(Some(Box::new(recorder.clone())));
+    offer(&mut pl, 0..10, 0);
+    run_to_idle(&mut pl, 0);
+    assert!(!pl.tapped());
+    let seen = recorder.seen.lock().expect("not poisoned").clone();
+    assert_eq!(seen.len(), 3);
+    assert!(
+        seen.iter()
+            .all(|s| s.1 == TapVerdict::Dropped(DropCause::Loss) && s.4.is_none())
+    );
+}

@@ -32,6 +32,9 @@ pub const NODES_ANNOTATION: &str = "nextmini.io/nodes";
 pub const WORKER_LABEL: &str = "nextmini.io/worker";
 const WORKER_CONTAINER: &str = "worker";
 const CREDENTIAL_DIR: &str = "/var/run/nextmini";
+/// Scratch for the agents' sockets (metrics, captures), at
+/// `observe::sockets::POD_STATE_DIR`.
+const STATE_VOLUME: &str = "state";
 
 pub(super) fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, String> {
     let mut l = BTreeMap::from([
@@ -135,6 +138,15 @@ fn agent_args(topology: &str, node: &PlannedNode, settings: &Settings) -> Vec<St
         node.name.clone(),
         "--credential-file".into(),
         format!("{CREDENTIAL_DIR}/credential"),
+        // `nextmini capture --node <node>` run in the pod finds it there.
+        "--metrics-socket".into(),
+        crate::observe::sockets::agent_socket(
+            std::path::Path::new(crate::observe::sockets::POD_STATE_DIR),
+            topology,
+            &node.name,
+        )
+        .display()
+        .to_string(),
     ];
     for socks in &node.socks {
         args.push("--socks-listen".into());
@@ -157,11 +169,19 @@ fn agent_pod(
         image_pull_policy: Some(settings.agent_image_pull_policy.clone()),
         command: Some(vec!["nextmini-agent".into()]),
         args: Some(agent_args(topology, node, settings)),
-        env: Some(vec![k8s_openapi::api::core::v1::EnvVar {
-            name: "RUST_LOG".into(),
-            value: Some(settings.agent_log.clone()),
-            ..Default::default()
-        }]),
+        env: Some(vec![
+            EnvVar {
+                name: "RUST_LOG".into(),
+                value: Some(settings.agent_log.clone()),
+                ..Default::default()
+            },
+            // `nextmini capture` in the pod finds the topology.
+            EnvVar {
+                name: "NEXTMINI_TOPOLOGY".into(),
+                value: Some(topology.to_string()),
+                ..Default::default()
+            },
+        ]),
         // The TUN device needs NET_ADMIN and nothing else.
         security_context: Some(SecurityContext {
             capabilities: Some(Capabilities {
@@ -185,6 +205,11 @@ fn agent_pod(
                 read_only: Some(true),
                 ..VolumeMount::default()
             },
+            VolumeMount {
+                name: STATE_VOLUME.into(),
+                mount_path: crate::observe::sockets::POD_STATE_DIR.into(),
+                ..VolumeMount::default()
+            },
         ]),
         ..Container::default()
     };
@@ -197,6 +222,11 @@ fn agent_pod(
         containers,
         volumes: Some(vec![
             tun_volume(),
+            Volume {
+                name: STATE_VOLUME.into(),
+                empty_dir: Some(EmptyDirVolumeSource::default()),
+                ..Volume::default()
+            },
             // Only this node's files, named as the agent expects them
             // beside its credential file.
             credential_volume(
@@ -335,6 +365,7 @@ fn worker_pod(
             mount("credential", CREDENTIAL_DIR, true),
             mount("netns", NETNS_DIR, false),
             mount("tmp", "/tmp", false),
+            mount(STATE_VOLUME, crate::observe::sockets::POD_STATE_DIR, false),
             mount("hosts", HOSTS_DIR, true),
             // Each node's hosts file, which `ip netns exec` (and so
             // `nextmini exec`) puts over /etc/hosts.
@@ -361,6 +392,7 @@ fn worker_pod(
             ),
             scratch("netns"),
             scratch("tmp"),
+            scratch(STATE_VOLUME),
             scratch("etc-netns"),
             hosts_volume(&validated.plan),
         ]),

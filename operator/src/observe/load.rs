@@ -120,6 +120,24 @@ pub async fn topology_names(store: &Store) -> Result<Vec<String>, sqlx::Error> {
     Ok(rows.iter().map(|r| r.get("name")).collect())
 }
 
+/// The link's endpoints (the sender of `forward`, the sender of `backward`),
+/// or `None` when the topology has no such link.
+pub async fn link_endpoints(
+    store: &Store,
+    topology: &str,
+    link: &str,
+) -> Result<Option<(String, String)>, sqlx::Error> {
+    let row = sqlx::query(
+        "SELECT l.dialer, l.acceptor FROM links l JOIN topologies t ON t.id = l.topology_id \
+         WHERE t.name = $1 AND l.name = $2",
+    )
+    .bind(topology)
+    .bind(link)
+    .fetch_optional(store.pool())
+    .await?;
+    Ok(row.map(|r| (r.get("dialer"), r.get("acceptor"))))
+}
+
 /// The topology's graph and load, or `None` when there is no such topology.
 pub async fn load(store: &Store, topology: &str) -> Result<Option<TopologyLoad>, sqlx::Error> {
     let pool = store.pool();

@@ -3,6 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
+/// The state directory inside agent and worker pods: the `nextmini` command's
+/// default, so `nextmini capture --node X` run in the pod finds X's socket.
+pub const POD_STATE_DIR: &str = "/var/lib/nextmini";
+
 /// `<state-dir>/metrics`: agents' sockets below it, `targets.json` in it.
 pub fn metrics_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("metrics")

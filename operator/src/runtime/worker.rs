@@ -43,6 +43,9 @@ pub struct WorkerConfig {
     pub nodes: Vec<WorkerNode>,
     /// The hosts ConfigMaps' files, which become every node's /etc/hosts.
     pub hosts_dir: Option<PathBuf>,
+    /// Agents serve metrics and captures on sockets below it
+    /// (`observe::sockets::agent_socket`).
+    pub state_dir: PathBuf,
 }
 
 /// Where `ip netns exec` finds each namespace's hosts file.
@@ -67,7 +70,13 @@ impl WorkerConfig {
             .arg("--node")
             .arg(&node.name)
             .arg("--credential-file")
-            .arg(self.credential_dir.join(files::token(&node.name)));
+            .arg(self.credential_dir.join(files::token(&node.name)))
+            .arg("--metrics-socket")
+            .arg(crate::observe::sockets::agent_socket(
+                &self.state_dir,
+                &self.topology,
+                &node.name,
+            ));
         for addr in &node.socks {
             command.arg("--socks-listen").arg(addr.to_string());
         }
@@ -351,6 +360,7 @@ mod tests {
             agent_binary: "/usr/local/bin/nextmini-agent".into(),
             nodes: vec![],
             hosts_dir: None,
+            state_dir: "/var/lib/nextmini".into(),
         }
     }
 
@@ -380,6 +390,11 @@ mod tests {
         assert_eq!(after("--credential-file"), "/var/run/nextmini/b");
         assert_eq!(after("--socks-listen"), "0.0.0.0:1080");
         assert_eq!(after("--node"), "b");
+        // Where `nextmini capture --node b` in the pod looks.
+        assert_eq!(
+            after("--metrics-socket"),
+            "/var/lib/nextmini/metrics/line3/b.sock"
+        );
     }
 
     #[tokio::test]

@@ -1,6 +1,7 @@
 //! `nextmini`: the command line. `up -f` runs the whole control plane locally
 //! (plan, private PostgreSQL, hub, namespace runtime) with no Kubernetes.
 
+mod capture;
 mod graph;
 mod local;
 mod observe;
@@ -46,6 +47,10 @@ enum Command {
     /// failed and the p50/p99 completion time; export every instance as CSV,
     /// plot completion time against size and throughput over time.
     Results(results::ResultsArgs),
+    /// Capture one direction of a link as pcapng, each packet annotated with
+    /// its enqueue and departure times, queue depth and verdict (sent,
+    /// dropped and by what, ECN-marked).
+    Capture(capture::CaptureArgs),
     /// Run a command inside a virtual node (its network namespace, where node
     /// names resolve to overlay addresses).
     Exec {
@@ -145,8 +150,9 @@ fn run(cli: Cli) -> anyhow::Result<i32> {
                         local.down(&topologies, all).await.map(|()| 0)
                     }
                     Command::Status(args) => status::status(&local, args).await,
-                    Command::Worker(args) => worker::run(args).await,
+                    Command::Worker(args) => worker::run(args, local.state_dir.clone()).await,
                     Command::Results(args) => results::results(&local, args).await,
+                    Command::Capture(args) => capture::capture(&local, args).await,
                     Command::Hub { background: false } => local.run_hub().await.map(|()| 0),
                     Command::Hub { background: true } => local.ensure_hub().map(|()| 0),
                     Command::Db { action } => local

@@ -31,7 +31,8 @@ pub struct WorkerArgs {
     hosts_dir: Option<PathBuf>,
 }
 
-pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
+/// `state_dir`: the command's `--state-dir`, where agents' sockets go.
+pub async fn run(args: WorkerArgs, state_dir: PathBuf) -> anyhow::Result<i32> {
     let nodes = packed::parse_nodes(&args.nodes).map_err(anyhow::Error::msg)?;
     let agent_binary = match args.agent_binary {
         Some(p) => p,
@@ -44,6 +45,7 @@ pub async fn run(args: WorkerArgs) -> anyhow::Result<i32> {
         agent_binary,
         nodes,
         hosts_dir: args.hosts_dir,
+        state_dir,
     };
     worker::run(config, nextmini_operator::shutdown::signal())
         .await
