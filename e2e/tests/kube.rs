@@ -823,6 +823,7 @@ worker log:
     }
 
     recreated_topology_runs_its_new_parameters(c);
+    trace_from_a_configmap(c);
     failures_show_on_the_topology(c);
 
     // kubectl delete leaves no pod, service, secret, row or finalizer.
@@ -1140,6 +1141,48 @@ fn recreated_topology_runs_its_new_parameters(c: &Cluster) {
         again * 1e3
     );
     c.ok(&["delete", "topology", "pair2", "--timeout=120s"]);
+}
+
+/// A trace kept in a ConfigMap (`kubectl create configmap --from-file`)
+/// reaches the stored link parameters, and an edit of the ConfigMap is planned
+/// again at once (the operator watches the ConfigMaps traces name).
+fn trace_from_a_configmap(c: &Cluster) {
+    let config_map = |lines: &str| {
+        format!(
+            "apiVersion: v1\nkind: ConfigMap\nmetadata: {{name: lte}}\ndata:\n  down: \"{lines}\"\n"
+        )
+    };
+    let stored = || {
+        c.psql("SELECT coalesce(l.params_forward ->> 'trace_ms', '') FROM links l JOIN topologies t ON t.id = l.topology_id WHERE t.name = 'traced'")
+            .trim()
+            .replace(' ', "")
+    };
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &config_map("1\\n1\\n3\\n4\\n"));
+    assert!(applied.status.success(), "ConfigMap lte");
+    c.apply_until_ready(
+        &format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: traced}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  nodes: [{{name: p}}, {{name: q}}]\n  links: [{{endpoints: [p, q], forward: {{trace: {{configMap: {{name: lte, key: down}}}}}}}}]\n",
+            worker_image()
+        ),
+        "traced",
+        "240s",
+    );
+    assert_eq!(stored(), "[1,1,3,4]", "the ConfigMap's trace is the link's");
+    let edited = Instant::now();
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &config_map("2\\n4\\n"));
+    assert!(applied.status.success(), "ConfigMap lte edited");
+    // The periodic re-check would take 10 s; the watch is what makes it prompt.
+    c.wait_for(
+        "the edited trace in the store",
+        Duration::from_secs(8),
+        || stored() == "[2,4]",
+    );
+    println!(
+        "trace from ConfigMap lte stored; its edit planned again in {:.1} s",
+        edited.elapsed().as_secs_f64()
+    );
+    c.ok(&["delete", "topology", "traced", "--timeout=120s"]);
+    c.ok(&["delete", "configmap", "lte"]);
 }
 
 /// One condition of a topology: (status, reason, message).

@@ -24,12 +24,19 @@ fn trace_lines() -> Vec<u64> {
     fast.chain(slow).collect()
 }
 
+/// The trace is a file in a ConfigMap document of the manifest, as
+/// `kubectl create configmap traces --from-file=fast-slow=…` would store it.
 fn manifest() -> String {
-    let inline: String = trace_lines().iter().map(|ms| format!("{ms}\\n")).collect();
+    let lines: String = trace_lines()
+        .iter()
+        .map(|ms| format!("    {ms}\n"))
+        .collect();
     format!(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: {TOPOLOGY}\nspec:\n  \
          nodes: [{{name: a}}, {{name: b}}]\n  links:\n    - endpoints: [a, b]\n      \
-         queue: {{limit: 300pkt}}\n      forward: {{trace: {{inline: \"{inline}\"}}}}\n"
+         queue: {{limit: 300pkt}}\n      \
+         forward: {{trace: {{configMap: {{name: traces, key: fast-slow}}}}}}\n\
+         ---\napiVersion: v1\nkind: ConfigMap\nmetadata: {{name: traces}}\ndata:\n  fast-slow: |\n{lines}"
     )
 }
 

@@ -32,7 +32,7 @@ pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
     NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus, TtlMode,
 };
-pub use trace::{TraceSpec, TraceTextError};
+pub use trace::{ConfigMapKey, TraceSpec, TraceTextError};
 
 /// API group of every Nextmini kind.
 pub const GROUP: &str = "nextmini.io";

@@ -9,6 +9,7 @@
 
 use crate::api::{Flow, Link, Topology};
 use crate::plan::{Doc, Manifest};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -26,8 +27,19 @@ pub async fn manifest(client: &Client, topology: &Topology) -> Result<Fetched, k
     let (links, mut undecodable) = members::<Link>(client, &namespace, &name, "link").await?;
     let (flows, bad_flows) = members::<Flow>(client, &namespace, &name, "flow").await?;
     undecodable.extend(bad_flows);
+    let mut manifest = assemble(topology, links, flows);
+    // Only the ConfigMaps traces name; a missing one is the planner's to report.
+    let config_maps = Api::<ConfigMap>::namespaced(client.clone(), &namespace);
+    for name in crate::plan::trace_sources::referenced(&mut manifest) {
+        if let Some(object) = config_maps.get_opt(&name).await? {
+            manifest.config_maps.push(Doc {
+                origin: format!("configmap/{name}"),
+                object,
+            });
+        }
+    }
     Ok(Fetched {
-        manifest: assemble(topology, links, flows),
+        manifest,
         undecodable,
     })
 }
@@ -108,6 +120,7 @@ pub fn assemble(topology: &Topology, links: Vec<Link>, flows: Vec<Flow>) -> Mani
                 object: f,
             })
             .collect(),
+        config_maps: Vec::new(),
     }
 }
 

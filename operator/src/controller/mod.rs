@@ -22,7 +22,7 @@ pub mod validate;
 use crate::api::{Flow, Link, Topology};
 use crate::store::Store;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
@@ -107,18 +107,20 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
     // stops at the first object it cannot decode, and with it every trigger.
     let link_resource = ApiResource::erase::<Link>(&());
     let flow_resource = ApiResource::erase::<Flow>(&());
-    let (topologies, links, flows, pods) = match &namespace {
+    let (topologies, links, flows, pods, config_maps) = match &namespace {
         Some(ns) => (
             Api::<Topology>::namespaced(client.clone(), ns),
             Api::<DynamicObject>::namespaced_with(client.clone(), ns, &link_resource),
             Api::<DynamicObject>::namespaced_with(client.clone(), ns, &flow_resource),
             Api::<Pod>::namespaced(client.clone(), ns),
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
         ),
         None => (
             Api::<Topology>::all(client.clone()),
             Api::<DynamicObject>::all_with(client.clone(), &link_resource),
             Api::<DynamicObject>::all_with(client.clone(), &flow_resource),
             Api::<Pod>::all(client.clone()),
+            Api::<ConfigMap>::all(client.clone()),
         ),
     };
     let recorder = Recorder::new(
@@ -149,8 +151,21 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         flow_resource.clone(),
         namespace.clone(),
     );
-    let topologies = Controller::new(topologies, watcher::Config::default())
+    let controller = Controller::new(topologies, watcher::Config::default());
+    let known = controller.store();
+    let topologies = controller
         .owns(pods, owned_pods)
+        // A trace's ConfigMap edited: the topologies whose spec names it plan
+        // again now (Link objects naming one, at the next periodic check).
+        .watches(config_maps, watcher::Config::default(), move |map| {
+            let (ns, name) = (map.namespace(), map.name_any());
+            known
+                .state()
+                .into_iter()
+                .filter(|t| t.namespace() == ns && names_config_map(t, &name))
+                .map(|t| ObjectRef::from_obj(&*t))
+                .collect::<Vec<_>>()
+        })
         .watches_with(
             links,
             link_resource,
@@ -172,6 +187,14 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
             }
         });
     futures::join!(topologies, orphan_links, orphan_flows);
+}
+
+/// Whether a trace in the topology's spec reads the ConfigMap `name`.
+fn names_config_map(topology: &Topology, name: &str) -> bool {
+    let mut manifest = fetch::assemble(topology, Vec::new(), Vec::new());
+    crate::plan::trace_sources::referenced(&mut manifest)
+        .iter()
+        .any(|n| n == name)
 }
 
 /// The Topology a Link or Flow names.

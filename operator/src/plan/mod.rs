@@ -15,6 +15,7 @@ mod params_check;
 mod parse;
 mod routes;
 mod socks;
+pub mod trace_sources;
 mod validate;
 
 #[cfg(test)]
@@ -40,7 +41,9 @@ pub use validate::{check_local, dns_label_problem, local_warnings};
 /// cluster build one manifest per namespace.
 pub fn plan_manifest(m: &Manifest) -> Result<Vec<Plan>, ValidationErrors> {
     let mut errors = ValidationErrors::default();
-    let groups = assemble::group(m, &mut errors);
+    let mut m = m.clone();
+    trace_sources::read_config_maps(&mut m, &mut errors);
+    let groups = assemble::group(&m, &mut errors);
     let mut plans = Vec::with_capacity(groups.len());
     for group in &groups {
         let before = errors.len();

@@ -127,8 +127,17 @@ impl Reporter {
 fn set_rules(layer: &Layer, mtu: Option<u32>, out: &mut Vec<FieldError>) {
     let p = layer.spec;
     if let Some(trace) = &p.trace {
-        if let Err(e) = trace.opportunities() {
-            out.push(layer.error("trace.inline", e.to_string()));
+        // An unread ConfigMap was reported where it was read (`trace_sources`).
+        if trace.inline.is_some()
+            && let Err(e) = trace.opportunities()
+        {
+            match &trace.config_map {
+                Some(c) => out.push(layer.error(
+                    "trace.configMap",
+                    format!("ConfigMap {} key {}: {e}", c.name, c.key),
+                )),
+                None => out.push(layer.error("trace.inline", e.to_string())),
+            }
         }
         for (field, set) in [("rate", p.rate.is_some()), ("burst", p.burst.is_some())] {
             if set {

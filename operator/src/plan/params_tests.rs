@@ -690,3 +690,78 @@ fn the_trace_example_plans_a_traced_downlink_and_a_rated_uplink() {
     assert!(link.backward.trace_ms.is_empty());
     assert_eq!(link.backward.rate_bps, Some(2_000_000));
 }
+
+const TRACE_MAP: &str = "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: lte}\ndata:\n  down: \"1\\n1\\n3\\n4\\n\"\n  up: \"2\\n4\\n\"\n";
+
+#[test]
+fn a_trace_read_from_a_configmap_of_the_manifest() {
+    let text = topology_with(
+        "{nodes: [{name: a}, {name: b}], linkDefaults: {trace: {configMap: {name: lte, key: down}}}, \
+         links: [{endpoints: [a, b], backward: {trace: {configMap: {name: lte, key: up}}}}]}",
+    ) + TRACE_MAP;
+    let p = plan("x.yaml", &text);
+    let ab = link(&p, "a-b");
+    assert_eq!(ab.forward.trace_ms, [1, 1, 3, 4]);
+    assert_eq!(ab.backward.trace_ms, [2, 4]);
+    // A Link object's trace reads the same ConfigMaps.
+    let link_doc = "---\napiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata: {name: l}\n\
+                    spec: {topology: t, endpoints: [a, b], forward: {trace: {configMap: {name: lte, key: up}}}}\n";
+    let text = topology_with("{nodes: [{name: a}, {name: b}]}") + link_doc + TRACE_MAP;
+    let p = plan("x.yaml", &text);
+    assert_eq!(link(&p, "l").forward.trace_ms, [2, 4]);
+}
+
+#[test]
+fn a_configmap_trace_that_is_missing_or_bad_is_named() {
+    const DOC: &str = "x.yaml document 1 (Topology/t)";
+    let with = |trace: &str| {
+        topology_with(&format!(
+            "{{nodes: [{{name: a}}, {{name: b}}], links: [{{endpoints: [a, b], trace: {trace}}}]}}"
+        )) + TRACE_MAP
+    };
+    let errors = plan_errors("x.yaml", &with("{configMap: {name: gone, key: down}}"));
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].trace.configMap",
+        "no ConfigMap named gone",
+    );
+    let errors = plan_errors("x.yaml", &with("{configMap: {name: lte, key: side}}"));
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].trace.configMap",
+        "ConfigMap lte has no key side (it has: down, up)",
+    );
+    let errors = plan_errors(
+        "x.yaml",
+        &with("{inline: \"1\\n\", configMap: {name: lte, key: down}}"),
+    );
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].trace",
+        "set exactly one of inline, configMap",
+    );
+    let bad = topology_with(
+        "{nodes: [{name: a}, {name: b}], links: [{endpoints: [a, b], trace: {configMap: {name: lte, key: down}}}]}",
+    ) + "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: lte}\ndata: {down: \"3\\n1\\n\"}\n";
+    let errors = plan_errors("x.yaml", &bad);
+    expect(
+        &errors,
+        DOC,
+        "spec.links[0].trace.configMap",
+        "ConfigMap lte key down: entry 1 (1 ms) is before the one above it (3 ms)",
+    );
+    // A ConfigMap document is held to ConfigMap's own header.
+    let errors = parse_errors(
+        "x.yaml",
+        "apiVersion: nextmini.io/v1alpha1\nkind: ConfigMap\nmetadata: {name: m}\ndata: {}\n",
+    );
+    expect(
+        &errors,
+        "x.yaml document 1 (ConfigMap/m)",
+        "apiVersion",
+        "unknown apiVersion \"nextmini.io/v1alpha1\"; expected v1",
+    );
+}

@@ -8,6 +8,7 @@
 
 use super::errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};
 use crate::api::{API_VERSION, Flow, Link, Topology};
+use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Deserialize;
 use serde_norway::{Deserializer, Mapping, Value};
 
@@ -26,6 +27,9 @@ pub struct Manifest {
     pub topologies: Vec<Doc<Topology>>,
     pub links: Vec<Doc<Link>>,
     pub flows: Vec<Doc<Flow>>,
+    /// ConfigMaps that traces may name (`trace.configMap`), as a cluster would
+    /// hold them beside the topology.
+    pub config_maps: Vec<Doc<ConfigMap>>,
 }
 
 impl Manifest {
@@ -34,11 +38,22 @@ impl Manifest {
         self.topologies.extend(other.topologies);
         self.links.extend(other.links);
         self.flows.extend(other.flows);
+        self.config_maps.extend(other.config_maps);
     }
 }
 
-const KINDS: &str = "Topology, Link or Flow";
+const KINDS: &str = "Topology, Link, Flow (nextmini.io/v1alpha1) or ConfigMap (v1)";
 const TOP_LEVEL_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
+const CONFIG_MAP_FIELDS: &[&str] = &[
+    "apiVersion",
+    "kind",
+    "metadata",
+    "data",
+    "binaryData",
+    "immutable",
+];
+/// The core API group's version, ConfigMap's.
+const CORE_VERSION: &str = "v1";
 /// Fields of `ObjectMeta`; checked by hand because k8s-openapi accepts unknown ones.
 const METADATA_FIELDS: &[&str] = &[
     "annotations",
@@ -63,6 +78,7 @@ enum Kind {
     Topology,
     Link,
     Flow,
+    ConfigMap,
 }
 
 /// Parses a stream of YAML documents. `source` names the stream in errors (usually the
@@ -139,6 +155,8 @@ pub fn parse_manifest(source: &str, text: &str) -> Result<Manifest, ValidationEr
                 .map(|object| manifest.links.push(Doc { origin, object })),
             Kind::Flow => Flow::deserialize(document)
                 .map(|object| manifest.flows.push(Doc { origin, object })),
+            Kind::ConfigMap => ConfigMap::deserialize(document)
+                .map(|object| manifest.config_maps.push(Doc { origin, object })),
         };
         if let Err(e) = result {
             errors
@@ -187,17 +205,19 @@ fn check_header(
     };
     let before = errors.len();
 
+    let config_map = map.get("kind").and_then(Value::as_str) == Some("ConfigMap");
+    let version = if config_map {
+        CORE_VERSION
+    } else {
+        API_VERSION
+    };
     match map.get("apiVersion") {
-        None => errors.push(
-            &label,
-            "apiVersion",
-            format!("missing; expected {API_VERSION}"),
-        ),
-        Some(Value::String(v)) if v == API_VERSION => {}
+        None => errors.push(&label, "apiVersion", format!("missing; expected {version}")),
+        Some(Value::String(v)) if v == version => {}
         Some(other) => errors.push(
             &label,
             "apiVersion",
-            format!("unknown apiVersion {}; expected {API_VERSION}", show(other)),
+            format!("unknown apiVersion {}; expected {version}", show(other)),
         ),
     }
     let kind = match map.get("kind") {
@@ -209,6 +229,7 @@ fn check_header(
             "Topology" => Some(Kind::Topology),
             "Link" => Some(Kind::Link),
             "Flow" => Some(Kind::Flow),
+            "ConfigMap" => Some(Kind::ConfigMap),
             _ => {
                 errors.push(
                     &label,
@@ -227,7 +248,12 @@ fn check_header(
             None
         }
     };
-    unknown_fields(map, "", TOP_LEVEL_FIELDS, &label, errors);
+    let top_level = if config_map {
+        CONFIG_MAP_FIELDS
+    } else {
+        TOP_LEVEL_FIELDS
+    };
+    unknown_fields(map, "", top_level, &label, errors);
 
     match map.get("metadata") {
         None => errors.push(
@@ -257,7 +283,7 @@ fn check_header(
             format!("must be a mapping, found {}", show(other)),
         ),
     }
-    if !map.contains_key("spec") {
+    if !config_map && !map.contains_key("spec") {
         errors.push(&label, "spec", "missing");
     }
 
