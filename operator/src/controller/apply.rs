@@ -342,7 +342,15 @@ fn source_of(manifest: &Manifest) -> String {
         .iter()
         .map(|d| (d.object.name_any(), &d.object.spec))
         .collect();
-    json!({"topology": topology, "links": links, "flows": flows}).to_string()
+    // The traces' ConfigMaps too: an edited trace is a changed source, so it
+    // is planned and stored again.
+    let config_maps: Vec<_> = manifest
+        .config_maps
+        .iter()
+        .map(|d| (d.object.name_any(), &d.object.data))
+        .collect();
+    json!({"topology": topology, "links": links, "flows": flows, "configMaps": config_maps})
+        .to_string()
 }
 
 /// Stores the plan when it changed and returns the generation in force.
