@@ -79,3 +79,87 @@ fn the_same_seed_loses_the_same_packets() {
         first.len()
     );
 }
+
+const REPLAYED: &str = "replayed";
+
+/// A lossy link and a synthetic UDP flow over it, starting 3 s after the
+/// agents have it (time for the capture to attach).
+fn flow_manifest(seed: u64) -> String {
+    format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: {REPLAYED}\nspec:\n  \
+         seed: {seed}\n  nodes: [{{name: a}}, {{name: b}}]\n  links:\n    - endpoints: [a, b]\n      \
+         forward: {{loss: 5%}}\n---\napiVersion: nextmini.io/v1alpha1\nkind: Flow\nmetadata:\n  name: probe\n\
+         spec: {{topology: {REPLAYED}, src: a, dst: b, protocol: udp, rate: 8Mbit, size: 1MB, startDelay: 3s}}\n"
+    )
+}
+
+/// Captures a → b while the flow runs and returns the sequence numbers of
+/// the flow's datagrams the link lost (bytes 12..16 of its payload), and how
+/// many it captured.
+fn flow_losses(env: &Env) -> (BTreeSet<u32>, usize) {
+    let file = env.state_dir.join("replay.pcapng");
+    let path = file.to_str().expect("path");
+    env.ok(&["capture", "a-b", "--duration", "7", "-w", path]);
+    let out = std::process::Command::new("tshark")
+        .args(["-r", path, "-T", "fields", "-E", "separator=/t"])
+        .args(["-e", "udp.payload", "-e", "frame.comment"])
+        .output()
+        .expect("tshark");
+    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    let rows: Vec<(&str, &str)> = text
+        .lines()
+        .filter_map(|l| l.split_once('\t'))
+        .filter(|(payload, _)| payload.len() >= 32)
+        .collect();
+    let lost = rows
+        .iter()
+        .filter(|(_, comment)| comment.contains("verdict=dropped-loss"))
+        .map(|(payload, _)| u32::from_str_radix(&payload[24..32], 16).expect("sequence"))
+        .collect();
+    (lost, rows.len())
+}
+
+#[test]
+fn a_recorded_run_comes_up_again_and_loses_the_same_packets_of_a_synthetic_flow() {
+    let env = Env::new("replay");
+    env.apply_yaml(REPLAYED, &flow_manifest(11));
+    let (first, captured) = flow_losses(&env);
+    let record = env.state_dir.join("replayed.record.yaml");
+    let record_path = record.to_str().expect("path");
+    env.ok(&["results", REPLAYED, "--record", record_path]);
+    let text = std::fs::read_to_string(&record).expect("the record");
+    assert!(text.contains("# Seed: 11"), "{text}");
+    assert!(text.contains("kind: Flow"), "the record holds the flow: {text}");
+    env.ok(&["down", REPLAYED]);
+
+    // Brought up again from nothing, from the record alone.
+    env.ok(&["up", "-f", record_path]);
+    env.wait_for("agents to apply the record", Duration::from_secs(10), || {
+        nextmini_e2e::all_acked(&env, REPLAYED)
+    });
+    let (again, _) = flow_losses(&env);
+    env.ok(&["down", REPLAYED]);
+
+    // The record with another seed loses other datagrams.
+    let other_record = env.state_dir.join("replayed.seed12.yaml");
+    std::fs::write(&other_record, text.replace("seed: 11", "seed: 12")).expect("edited record");
+    env.ok(&["up", "-f", other_record.to_str().expect("path")]);
+    env.wait_for("agents to apply the edited record", Duration::from_secs(10), || {
+        nextmini_e2e::all_acked(&env, REPLAYED)
+    });
+    let (other, _) = flow_losses(&env);
+    env.ok(&["down", REPLAYED]);
+
+    println!(
+        "synthetic UDP flow, {captured} datagrams captured: seed 11 lost {} ({:?}...), its record lost {}, seed 12 lost {}",
+        first.len(),
+        first.iter().take(8).collect::<Vec<_>>(),
+        again.len(),
+        other.len()
+    );
+    assert!(captured > 500, "only {captured} datagrams captured");
+    assert!(first.len() > 10, "5% loss lost only {}", first.len());
+    assert_eq!(first, again, "the record's run must lose the same datagrams");
+    assert_ne!(first, other, "another seed must lose other datagrams");
+}

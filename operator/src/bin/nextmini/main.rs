@@ -5,6 +5,7 @@ mod capture;
 mod graph;
 mod local;
 mod observe;
+mod record;
 mod results;
 mod status;
 mod tools;

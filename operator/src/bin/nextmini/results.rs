@@ -28,6 +28,11 @@ pub struct ResultsArgs {
     /// Output format of the summary.
     #[arg(short, long, value_enum, default_value = "table")]
     output: Format,
+    /// Write the run's record to FILE instead: the topology's manifest as
+    /// applied, with its seed and the timeline of its scenario events, which
+    /// `nextmini up -f FILE` brings up again.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["flow", "csv", "plot"])]
+    record: Option<PathBuf>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -49,6 +54,12 @@ pub async fn results(local: &Local, args: ResultsArgs) -> anyhow::Result<i32> {
     let Some(store) = local.existing_store().await? else {
         bail!("nothing is running (the private PostgreSQL is stopped): no results to show");
     };
+    if let Some(file) = &args.record {
+        let topology = crate::tools::pick_topology(&store, args.topology.clone()).await?;
+        crate::record::write(&store, &topology, file).await?;
+        println!("wrote the record of topology {topology} to {}", file.display());
+        return Ok(0);
+    }
     let topology = args.topology.as_deref();
     if let Some(t) = topology
         && store.generation(t).await?.is_none()

