@@ -91,6 +91,9 @@ pub struct LinkHandle {
     queue: mpsc::Sender<Packet>,
     attach: mpsc::Sender<Conn>,
     params: watch::Sender<pb::LinkParams>,
+    /// Set by a scenario's `state: down`: the link takes no packets until it
+    /// is up again (each end stops its own direction).
+    down: std::sync::atomic::AtomicBool,
     _stop: watch::Sender<()>,
 }
 
@@ -135,13 +138,14 @@ impl LinkHandle {
             queue,
             attach,
             params: params_tx,
+            down: std::sync::atomic::AtomicBool::new(false),
             _stop: stop,
         }))
     }
 
     /// Queues a packet for the peer; a full hand-off queue drops it.
     pub fn enqueue(&self, packet: Packet) {
-        if self.queue.try_send(packet).is_err() {
+        if self.down.load(Relaxed) || self.queue.try_send(packet).is_err() {
             self.counters.count_drop();
         }
     }
@@ -151,6 +155,16 @@ impl LinkHandle {
         if self.attach.send(conn).await.is_err() {
             tracing::debug!(link = %self.spec.name, "link stopped; connection dropped");
         }
+    }
+
+    /// Takes the link down (it drops what it is given, as a cut wire would)
+    /// or brings it up again. Packets already queued still leave.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Relaxed);
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(Relaxed)
     }
 
     /// Configured shaped rate of the direction this node sends, bit/s (0 = unlimited).

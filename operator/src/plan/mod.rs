@@ -14,6 +14,7 @@ mod params;
 mod params_check;
 mod parse;
 mod routes;
+mod scenario;
 mod socks;
 mod validate;
 
