@@ -145,7 +145,9 @@ impl LinkHandle {
 
     /// Queues a packet for the peer; a full hand-off queue drops it.
     pub fn enqueue(&self, packet: Packet) {
-        if self.down.load(Relaxed) || self.queue.try_send(packet).is_err() {
+        if self.down.load(Relaxed) {
+            self.counters.count_down_drop();
+        } else if self.queue.try_send(packet).is_err() {
             self.counters.count_drop();
         }
     }

@@ -27,7 +27,7 @@ pub struct ScenarioSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ScenarioEventSpec {
-    /// Offset from the scenario's start, e.g. `5s` or `2500ms` (at most 24h).
+    /// Offset from the scenario's start, e.g. `5s` or `2500ms` (at most 86400s, a day).
     pub at: Duration,
     /// The link the event changes, by name.
     pub link: String,

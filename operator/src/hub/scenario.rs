@@ -165,3 +165,66 @@ pub(super) async fn store_applied(
         tracing::warn!(topology = %key.0, node = %key.1, error = %e, "storing scenario reports failed");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::{DirectionPair, LinkParams, PlannedEvent};
+
+    #[test]
+    fn each_end_gets_its_own_direction_at_the_absolute_instant() {
+        let mut plan = crate::plan::fixtures::line3();
+        let link = plan.links[0].clone();
+        let forward = LinkParams {
+            rate_bps: Some(1_000_000),
+            ..LinkParams::default()
+        };
+        let backward = LinkParams {
+            rate_bps: Some(2_000_000),
+            ..LinkParams::default()
+        };
+        plan.scenario = vec![
+            PlannedEvent {
+                at: Duration::from_millis(1500),
+                link: link.name.clone(),
+                change: EventChange::Params(Box::new(DirectionPair { forward, backward })),
+            },
+            PlannedEvent {
+                at: Duration::from_secs(2),
+                link: link.name.clone(),
+                change: EventChange::Up(false),
+            },
+        ];
+        let start = DateTime::from_timestamp(1_700_000_000, 0).expect("time");
+        let rate = |s: &pb::Scenario| match &s.events[0].change {
+            Some(pb::scenario_event::Change::Params(p)) => p.rate_bps,
+            other => panic!("{other:?}"),
+        };
+        let dialer = events_for(&plan, &link.dialer, start);
+        let acceptor = events_for(&plan, &link.acceptor, start);
+        assert_eq!((rate(&dialer), rate(&acceptor)), (1_000_000, 2_000_000));
+        assert_eq!(dialer.start_unix_ns, 1_700_000_000_000_000_000);
+        assert_eq!(
+            dialer
+                .events
+                .iter()
+                .map(|e| (e.index, e.at_unix_ns))
+                .collect::<Vec<_>>(),
+            [
+                (0, 1_700_000_001_500_000_000),
+                (1, 1_700_000_002_000_000_000)
+            ]
+        );
+        assert_eq!(
+            acceptor.events[1].change,
+            Some(pb::scenario_event::Change::Up(false))
+        );
+        // A node on neither end gets nothing.
+        let other = plan
+            .nodes
+            .iter()
+            .find(|n| n.name != link.dialer && n.name != link.acceptor)
+            .expect("a third node");
+        assert!(events_for(&plan, &other.name, start).events.is_empty());
+    }
+}

@@ -25,6 +25,8 @@ mod flows_tests;
 #[cfg(test)]
 mod params_tests;
 #[cfg(test)]
+mod scenario_tests;
+#[cfg(test)]
 mod tests;
 
 pub use errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};

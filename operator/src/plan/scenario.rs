@@ -40,7 +40,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
             errors.push(
                 origin,
                 field("at"),
-                format!("must be at most 24h, got {}", event.at),
+                format!("must be at most 86400s (a day), got {}", event.at),
             );
         }
         if let Some((j, before)) = previous
