@@ -1,10 +1,11 @@
-//! Timed scenarios (`spec.scenario`, issue 18.2) on live traffic: the example
+//! Timed scenarios (`spec.scenario`, issue 18.2) on live traffic. The example
 //! manifest's b-c link slows from 16 to 4 Mbit/s at 5 s, goes down at 8 s and
 //! comes back at 9 s, under paced UDP from a to c at 24 Mbit/s. Every check
 //! is made against the times PostgreSQL recorded: each event took effect on
 //! both ends within 10 ms of its planned instant, the rate before and after
 //! the change is the configured one, and the outage starts and ends where the
-//! recorded down and up events say.
+//! recorded down and up events say. A second topology's middle node is
+//! killed and restarted by its scenario.
 
 use nextmini_e2e::udp_sink::{Arrival, UdpSink};
 use nextmini_e2e::{Env, repo_path};
@@ -15,7 +16,7 @@ const TOPOLOGY: &str = "scenario";
 /// shaper, which counts IP bytes.
 const PAYLOAD: usize = 1200;
 const IP_BYTES: f64 = (PAYLOAD + 28) as f64;
-/// The scenario's planned offsets (the example manifest).
+/// The planned offsets of the example manifest's link events.
 const SLOW_AT: f64 = 5.0;
 const DOWN_AT: f64 = 8.0;
 const UP_AT: f64 = 9.0;
@@ -119,7 +120,8 @@ fn a_flap_scenario_runs_at_its_recorded_times() {
     let deadline = Instant::now() + Duration::from_secs(30);
     let events = loop {
         let events = recorded(&env);
-        if events.len() == 3 && events.iter().all(|e| e.applied_us.len() == 2) {
+        // The example's link events (its node events come later).
+        if events.len() >= 3 && events[..3].iter().all(|e| e.applied_us.len() == 2) {
             break events;
         }
         assert!(
@@ -201,6 +203,11 @@ fn a_flap_scenario_runs_at_its_recorded_times() {
         .map(|w| (w[0], w[1]))
         .max_by_key(|(a, b)| b - a)
         .expect("arrivals around the outage");
+    assert!(
+        gap_end - gap_start >= (up - down) * 8 / 10,
+        "no outage: the longest silence between the recorded down and up was {:.1} ms",
+        (gap_end - gap_start) as f64 / 1000.0
+    );
     println!(
         "outage seen from {:+.1} ms after the recorded down to {:+.1} ms after the recorded up",
         (gap_start - down) as f64 / 1000.0,
@@ -216,4 +223,87 @@ fn a_flap_scenario_runs_at_its_recorded_times() {
         "the first datagram after the outage arrived {} ms after the link came up",
         (gap_end - up) as f64 / 1000.0
     );
+}
+
+const NODES_TOPOLOGY: &str = "scenario-nodes";
+
+/// A node's agent killed at 3 s and restarted at 5 s under paced UDP from a
+/// to c through it: the hub's runtime applies both at their instants and
+/// records them, the supervisor leaves the killed agent down until the
+/// restart, and traffic stops at the kill and comes back after the restart.
+#[test]
+fn a_node_killed_and_restarted_by_the_scenario() {
+    let mut env = Env::new("scenario-nodes");
+    let manifest = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: {NODES_TOPOLOGY}\nspec:\n  \
+         nodes: [{{name: a}}, {{name: b}}, {{name: c}}]\n  links:\n    - endpoints: [a, b]\n    \
+         - endpoints: [b, c]\n  scenario:\n    events:\n      - {{at: 3s, node: b, action: kill}}\n      \
+         - {{at: 5s, node: b, action: restart}}\n"
+    );
+    env.apply_yaml(NODES_TOPOLOGY, &manifest);
+    let pid_of_b = |env: &Env| {
+        env.psql(&format!(
+            "SELECT n.pid FROM nodes n JOIN topologies t ON t.id = n.topology_id \
+             WHERE t.name = '{NODES_TOPOLOGY}' AND n.name = 'b'"
+        ))
+    };
+    let first_pid = pid_of_b(&env);
+    let sink = UdpSink::start_wall_clock(&mut env, "c", 9000, Duration::from_secs(6));
+    env.spawn_in("a", &["python3", "-c", SENDER, "c", "200", "500", "12"]);
+    let query = format!(
+        "SELECT a.idx, (extract(epoch FROM a.planned_at) * 1e6)::bigint, \
+                (extract(epoch FROM a.applied_at) * 1e6)::bigint, a.skew_us, a.error \
+         FROM scenario_applied a JOIN topologies t ON t.id = a.topology_id \
+         WHERE t.name = '{NODES_TOPOLOGY}' ORDER BY a.idx"
+    );
+    let mut rows = String::new();
+    env.wait_for("both node events recorded", Duration::from_secs(30), || {
+        rows = env.psql(&query);
+        rows.lines().count() == 2
+    });
+    let events: Vec<Vec<String>> = rows
+        .lines()
+        .map(|l| l.split('|').map(str::to_owned).collect())
+        .collect();
+    for e in &events {
+        assert_eq!(e[4], "", "event {} failed: {}", e[0], e[4]);
+        let skew: i64 = e[3].parse().expect("skew");
+        println!("node event {}: skew {skew} µs", e[0]);
+        assert!(
+            (0..=SKEW_LIMIT_US).contains(&skew),
+            "node event {} took effect {skew} µs from its instant",
+            e[0]
+        );
+    }
+    let kill: i64 = events[0][2].parse().expect("kill time");
+    let restart: i64 = events[1][2].parse().expect("restart time");
+    let arrivals = sink.arrivals(&env, Duration::from_secs(40));
+    let times: Vec<i64> = arrivals.iter().map(|a| (a.at_ns / 1000) as i64).collect();
+    let (gap_start, gap_end) = times
+        .windows(2)
+        .map(|w| (w[0], w[1]))
+        .max_by_key(|(a, b)| b - a)
+        .expect("arrivals");
+    println!(
+        "traffic stopped {:+.1} ms after the recorded kill and came back {:+.1} ms after the recorded restart",
+        (gap_start - kill) as f64 / 1000.0,
+        (gap_end - restart) as f64 / 1000.0
+    );
+    // Nothing crosses b once its agent is dead (what was in flight on the
+    // unshaped links lands within milliseconds).
+    assert!(
+        (-10_000..=20_000).contains(&(gap_start - kill)),
+        "the last datagram arrived {} ms from the recorded kill",
+        (gap_start - kill) as f64 / 1000.0
+    );
+    // Held down until the restart (the supervisor would restart it within
+    // a second), then back once the new agent has its config and links.
+    assert!(
+        gap_end > restart && gap_end - restart < 3_000_000,
+        "traffic came back {} ms from the recorded restart",
+        (gap_end - restart) as f64 / 1000.0
+    );
+    let second_pid = pid_of_b(&env);
+    assert_ne!(first_pid, second_pid, "b runs the same agent as before");
+    assert!(nextmini_e2e::all_acked(&env, NODES_TOPOLOGY));
 }

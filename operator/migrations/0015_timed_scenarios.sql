@@ -9,11 +9,16 @@ CREATE TABLE scenario_events (
     topology_id     BIGINT NOT NULL REFERENCES topologies(id) ON DELETE CASCADE,
     idx             INTEGER NOT NULL CHECK (idx >= 0),
     at_us           BIGINT NOT NULL CHECK (at_us >= 0),
-    link            TEXT NOT NULL,
-    kind            TEXT NOT NULL CHECK (kind IN ('set', 'down', 'up')),
+    -- The link a `set`, `down` or `up` changes, or the node a `kill` or
+    -- `restart` acts on.
+    link            TEXT,
+    node            TEXT,
+    kind            TEXT NOT NULL CHECK (kind IN ('set', 'down', 'up', 'kill', 'restart')),
     params_forward  JSONB,
     params_backward JSONB,
     CHECK ((kind = 'set') = (params_forward IS NOT NULL AND params_backward IS NOT NULL)),
+    CHECK ((kind IN ('kill', 'restart')) = (node IS NOT NULL AND link IS NULL)),
+    CHECK ((kind IN ('kill', 'restart')) <> (link IS NOT NULL)),
     PRIMARY KEY (topology_id, idx)
 );
 
@@ -24,8 +29,9 @@ CREATE TABLE scenario_runs (
     starts_at   TIMESTAMPTZ NOT NULL
 );
 
--- What each agent reported: when the event took effect on it. `skew_us` is
--- applied minus planned. The first report counts (a reconnect repeats none).
+-- What each agent reported: when the event took effect on it (for a node's
+-- event, the hub's runtime reports for the node). `skew_us` is applied minus
+-- planned. The first report counts (a reconnect repeats none).
 CREATE TABLE scenario_applied (
     topology_id BIGINT NOT NULL REFERENCES topologies(id) ON DELETE CASCADE,
     idx         INTEGER NOT NULL,
@@ -44,7 +50,7 @@ CREATE VIEW scenario_timeline AS
 SELECT t.name AS topology,
        e.idx,
        e.at_us,
-       e.link,
+       COALESCE(e.link, e.node) AS target,
        e.kind,
        r.starts_at + e.at_us * interval '1 microsecond' AS planned_at,
        min(a.applied_at) AS first_applied_at,
@@ -56,7 +62,7 @@ FROM scenario_events e
 JOIN topologies t ON t.id = e.topology_id
 LEFT JOIN scenario_runs r ON r.topology_id = e.topology_id
 LEFT JOIN scenario_applied a ON a.topology_id = e.topology_id AND a.idx = e.idx
-GROUP BY t.name, e.idx, e.at_us, e.link, e.kind, r.starts_at;
+GROUP BY t.name, e.idx, e.at_us, e.link, e.node, e.kind, r.starts_at;
 
 -- These rows come from the manifest and from the agents, never from a script:
 -- a write by anyone but the operator and its hub is refused, naming the table.

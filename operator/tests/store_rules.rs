@@ -598,25 +598,21 @@ spec:
         .await
         .expect("repeat");
     let timeline = store.scenario_timeline("dia").await.expect("timeline");
-    let summary: Vec<(i32, &str, &str, Option<i64>, i64, &str)> = timeline
+    let summary: Vec<String> = timeline
         .iter()
         .map(|t| {
-            (
-                t.idx,
-                t.link.as_str(),
-                t.kind.as_str(),
-                t.worst_skew_us,
-                t.agents,
-                t.errors.as_str(),
+            format!(
+                "{} {} {} skew {:?} agents {} errors {:?}",
+                t.idx, t.target, t.kind, t.worst_skew_us, t.agents, t.errors
             )
         })
         .collect();
     assert_eq!(
         summary,
         [
-            (0, "s-x", "set", Some(3000), 2, ""),
-            (1, "s-x", "down", Some(9000), 2, "x: x"),
-            (2, "y-t", "up", None, 0, ""),
+            "0 s-x set skew Some(3000) agents 2 errors \"\"",
+            "1 s-x down skew Some(9000) agents 2 errors \"x: x\"",
+            "2 y-t up skew None agents 0 errors \"\"",
         ]
     );
     assert_eq!(timeline[0].planned_at, Some(at(1500)));

@@ -40,7 +40,8 @@ pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::S
         .iter()
         .enumerate()
         .filter_map(|(i, event)| {
-            let link = plan.links.iter().find(|l| l.name == event.link)?;
+            // A node's events are the local runtime's (runtime/scenario_nodes.rs).
+            let link = plan.links.iter().find(|l| l.name == event.target)?;
             let change = match &event.change {
                 EventChange::Params(pair) if link.dialer == node => {
                     pb::scenario_event::Change::Params(super::params::to_proto(&pair.forward))
@@ -56,7 +57,7 @@ pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::S
             Some(pb::ScenarioEvent {
                 index: u32::try_from(i).ok()?,
                 at_unix_ns: unix_ns(planned_at(plan, start, i)?),
-                link: event.link.clone(),
+                link: event.target.clone(),
                 change: Some(change),
             })
         })
@@ -186,12 +187,12 @@ mod tests {
         plan.scenario = vec![
             PlannedEvent {
                 at: Duration::from_millis(1500),
-                link: link.name.clone(),
+                target: link.name.clone(),
                 change: EventChange::Params(Box::new(DirectionPair { forward, backward })),
             },
             PlannedEvent {
                 at: Duration::from_secs(2),
-                link: link.name.clone(),
+                target: link.name.clone(),
                 change: EventChange::Up(false),
             },
         ];

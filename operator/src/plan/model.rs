@@ -40,8 +40,8 @@ pub struct Plan {
 pub struct PlannedEvent {
     /// Offset from the scenario's start.
     pub at: Duration,
-    /// The link it changes.
-    pub link: String,
+    /// The link it changes, or the node it acts on (`EventChange::Node`).
+    pub target: String,
     pub change: EventChange,
 }
 
@@ -53,6 +53,8 @@ pub enum EventChange {
     Params(Box<DirectionPair>),
     /// The link forwards (`true`) or stops forwarding.
     Up(bool),
+    /// The node's agent is killed (`false`) or started again (`true`).
+    Node { restart: bool },
 }
 
 /// What each end of a link sends with.
@@ -69,7 +71,14 @@ impl EventChange {
             EventChange::Params(_) => "set",
             EventChange::Up(true) => "up",
             EventChange::Up(false) => "down",
+            EventChange::Node { restart: false } => "kill",
+            EventChange::Node { restart: true } => "restart",
         }
+    }
+
+    /// Whether the event acts on a node (its target is a node's name).
+    pub fn is_node(&self) -> bool {
+        matches!(self, EventChange::Node { .. })
     }
 }
 

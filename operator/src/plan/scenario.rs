@@ -6,8 +6,8 @@ use super::assemble::{Draft, DraftLink};
 use super::errors::ValidationErrors;
 use super::model::{DirectionPair, EventChange, PlannedEvent};
 use super::params::resolve;
-use crate::api::{LinkParamsSpec, LinkState, MAX_SCENARIO_EVENTS, ScenarioEventSpec};
-use std::collections::HashMap;
+use crate::api::{LinkParamsSpec, LinkState, MAX_SCENARIO_EVENTS, NodeAction, ScenarioEventSpec};
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// The latest offset an event may have.
@@ -31,6 +31,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     }
     let links: HashMap<&str, &DraftLink> =
         draft.links.iter().map(|l| (l.name.as_str(), l)).collect();
+    let nodes: HashSet<&str> = draft.nodes.iter().map(|n| n.name.as_str()).collect();
     let mut earlier: HashMap<&str, Vec<(&LinkParamsSpec, String)>> = HashMap::new();
     let mut previous: Option<(usize, Duration)> = None;
     for (i, event) in scenario.events.iter().enumerate() {
@@ -56,35 +57,91 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
             );
         }
         previous = Some((i, at));
-        match (&event.set, event.state) {
+        match (&event.link, &event.node) {
+            (Some(link), None) => {
+                check_link_event(draft, i, event, link, &links, &mut earlier, errors)
+            }
+            (None, Some(node)) => {
+                if !nodes.contains(node.as_str()) {
+                    errors.push(
+                        origin,
+                        field("node"),
+                        format!("no node {node:?} in topology {:?}", draft.name),
+                    );
+                }
+                if event.action.is_none() {
+                    errors.push(
+                        origin,
+                        field("action"),
+                        "an event on a node needs an action: kill or restart",
+                    );
+                }
+                for (name, set) in [
+                    ("set", event.set.is_some()),
+                    ("state", event.state.is_some()),
+                ] {
+                    if set {
+                        errors.push(origin, field(name), "applies to a link, not a node");
+                    }
+                }
+            }
             (Some(_), Some(_)) => errors.push(
                 origin,
-                field("state"),
-                "an event either sets parameters or a state, not both",
+                field("node"),
+                "an event names a link or a node, not both",
             ),
             (None, None) => errors.push(
                 origin,
-                field("set"),
-                "an event sets parameters (set) or the link's state (state: up or down)",
-            ),
-            (Some(set), None) if *set == LinkParamsSpec::default() => {
-                errors.push(origin, field("set"), "sets no parameter");
-            }
-            _ => {}
-        }
-        let Some(link) = links.get(event.link.as_str()) else {
-            errors.push(
-                origin,
                 field("link"),
-                format!("no link {:?} in topology {:?}", event.link, draft.name),
-            );
-            continue;
-        };
-        if let Some(set) = &event.set {
-            let before = earlier.entry(link.name.as_str()).or_default();
-            super::params_check::check_event(draft, link, before, set, field("set"), errors);
-            before.push((set, field("set")));
+                "an event names the link (or the node) it changes",
+            ),
         }
+    }
+}
+
+/// A link's event: its link exists, and it sets parameters or a state.
+fn check_link_event<'d>(
+    draft: &'d Draft,
+    i: usize,
+    event: &'d ScenarioEventSpec,
+    link: &str,
+    links: &HashMap<&str, &'d DraftLink<'d>>,
+    earlier: &mut HashMap<&'d str, Vec<(&'d LinkParamsSpec, String)>>,
+    errors: &mut ValidationErrors,
+) {
+    let origin = &draft.doc.origin;
+    let field = |f: &str| format!("spec.scenario.events[{i}].{f}");
+    if event.action.is_some() {
+        errors.push(origin, field("action"), "applies to a node, not a link");
+    }
+    match (&event.set, event.state) {
+        (Some(_), Some(_)) => errors.push(
+            origin,
+            field("state"),
+            "an event either sets parameters or a state, not both",
+        ),
+        (None, None) => errors.push(
+            origin,
+            field("set"),
+            "an event sets parameters (set) or the link's state (state: up or down)",
+        ),
+        (Some(set), None) if *set == LinkParamsSpec::default() => {
+            errors.push(origin, field("set"), "sets no parameter");
+        }
+        _ => {}
+    }
+    let Some(link) = links.get(link) else {
+        errors.push(
+            origin,
+            field("link"),
+            format!("no link {link:?} in topology {:?}", draft.name),
+        );
+        return;
+    };
+    if let Some(set) = &event.set {
+        let before = earlier.entry(link.name.as_str()).or_default();
+        super::params_check::check_event(draft, link, before, set, field("set"), errors);
+        before.push((set, field("set")));
     }
 }
 
@@ -102,7 +159,16 @@ pub(crate) fn build(draft: &Draft) -> Vec<PlannedEvent> {
         .events
         .iter()
         .filter_map(|event: &ScenarioEventSpec| {
-            let link = links.get(event.link.as_str())?;
+            if let (Some(node), Some(action)) = (&event.node, event.action) {
+                return Some(PlannedEvent {
+                    at: event.at.as_std(),
+                    target: node.clone(),
+                    change: EventChange::Node {
+                        restart: action == NodeAction::Restart,
+                    },
+                });
+            }
+            let link = links.get(event.link.as_deref()?)?;
             let change = match (&event.set, event.state) {
                 (Some(set), _) => {
                     let earlier = sets.entry(link.name.as_str()).or_default();
@@ -126,7 +192,7 @@ pub(crate) fn build(draft: &Draft) -> Vec<PlannedEvent> {
             };
             Some(PlannedEvent {
                 at: event.at.as_std(),
-                link: link.name.clone(),
+                target: link.name.clone(),
                 change,
             })
         })

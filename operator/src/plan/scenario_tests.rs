@@ -35,7 +35,7 @@ fn set_events_layer_over_the_link_and_earlier_events() {
     assert_eq!(p.scenario.len(), 4);
     let offsets: Vec<Duration> = p.scenario.iter().map(|e| e.at).collect();
     assert_eq!(offsets, [1000, 1500, 3000, 3000].map(Duration::from_millis));
-    assert!(p.scenario.iter().all(|e| e.link == "a-b"));
+    assert!(p.scenario.iter().all(|e| e.target == "a-b"));
     // The link's own layers stay under the event's: the forward delay is kept.
     let first = pair(&p.scenario[0]);
     assert_eq!(first.forward.rate_bps, Some(2_000_000));
@@ -96,6 +96,58 @@ fn scenario_mistakes_are_refused_naming_the_field() {
         ),
     ];
     for (events, field, says) in cases {
+        let errors = plan_errors("t.yaml", &topology(events));
+        assert!(
+            errors
+                .iter()
+                .any(|e| e.field == field && e.reason.contains(says)),
+            "{events}: expected {field}: …{says}…, got {errors:?}"
+        );
+    }
+}
+
+#[test]
+fn node_events_name_a_node_and_an_action() {
+    let p = plan(
+        "t.yaml",
+        &topology(
+            "      - {at: 1s, node: b, action: kill}\n      - {at: 2s, node: b, action: restart}\n",
+        ),
+    );
+    let events: Vec<(&str, &str)> = p
+        .scenario
+        .iter()
+        .map(|e| (e.target.as_str(), e.change.kind()))
+        .collect();
+    assert_eq!(events, [("b", "kill"), ("b", "restart")]);
+    assert!(p.scenario.iter().all(|e| e.change.is_node()));
+    for (events, field, says) in [
+        (
+            "      - {at: 1s, node: z, action: kill}\n",
+            "spec.scenario.events[0].node",
+            "no node",
+        ),
+        (
+            "      - {at: 1s, node: b}\n",
+            "spec.scenario.events[0].action",
+            "kill or restart",
+        ),
+        (
+            "      - {at: 1s, node: b, action: kill, state: down}\n",
+            "spec.scenario.events[0].state",
+            "not a node",
+        ),
+        (
+            "      - {at: 1s, link: a-b, action: kill, state: down}\n",
+            "spec.scenario.events[0].action",
+            "not a link",
+        ),
+        (
+            "      - {at: 1s, link: a-b, node: b, action: kill}\n",
+            "spec.scenario.events[0].node",
+            "not both",
+        ),
+    ] {
         let errors = plan_errors("t.yaml", &topology(events));
         assert!(
             errors

@@ -24,7 +24,7 @@ pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
 pub use plan_rows::LoadedPlan;
 pub use routes::{RouteRow, RouteRuleRow};
-pub use scenario::{AppliedRow, TimelineRow};
+pub use scenario::{AppliedRow, PendingNodeEvent, TimelineRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
 
 use crate::plan::Plan;
@@ -535,6 +535,11 @@ impl Store {
         rows: &[AppliedRow],
     ) -> Result<()> {
         scenario::record_applied(&self.pool, topology_id, node, rows).await
+    }
+
+    /// Node events of started scenarios on `runtime` that no one applied yet.
+    pub async fn pending_node_events(&self, runtime: &str) -> Result<Vec<PendingNodeEvent>> {
+        scenario::pending_node_events(&self.pool, runtime).await
     }
 
     /// The topology's scenario events: planned, applied, worst skew.

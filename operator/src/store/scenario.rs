@@ -28,16 +28,22 @@ pub(super) async fn replace(
     for (i, event) in events.iter().enumerate() {
         let (forward, backward) = match &event.change {
             EventChange::Params(pair) => (Some(json(&pair.forward)?), Some(json(&pair.backward)?)),
-            EventChange::Up(_) => (None, None),
+            EventChange::Up(_) | EventChange::Node { .. } => (None, None),
+        };
+        let (link, node) = if event.change.is_node() {
+            (None, Some(&event.target))
+        } else {
+            (Some(&event.target), None)
         };
         sqlx::query(
-            "INSERT INTO scenario_events (topology_id, idx, at_us, link, kind, params_forward, params_backward) \
-             VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)",
+            "INSERT INTO scenario_events (topology_id, idx, at_us, link, node, kind, params_forward, params_backward) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb)",
         )
         .bind(id)
         .bind(i32::try_from(i).unwrap_or(i32::MAX))
         .bind(i64::try_from(event.at.as_micros()).unwrap_or(i64::MAX))
-        .bind(&event.link)
+        .bind(link)
+        .bind(node)
         .bind(event.change.kind())
         .bind(forward)
         .bind(backward)
@@ -50,7 +56,7 @@ pub(super) async fn replace(
 /// The topology's planned events, in order.
 pub(super) async fn load(pool: &PgPool, id: i64, topology: &str) -> Result<Vec<PlannedEvent>> {
     let rows = sqlx::query(
-        "SELECT at_us, link, kind, params_forward::text AS f, params_backward::text AS b \
+        "SELECT at_us, COALESCE(link, node) AS target, kind, params_forward::text AS f, params_backward::text AS b \
          FROM scenario_events WHERE topology_id = $1 ORDER BY idx",
     )
     .bind(id)
@@ -73,11 +79,13 @@ pub(super) async fn load(pool: &PgPool, id: i64, topology: &str) -> Result<Vec<P
                 })),
                 "up" => EventChange::Up(true),
                 "down" => EventChange::Up(false),
+                "kill" => EventChange::Node { restart: false },
+                "restart" => EventChange::Node { restart: true },
                 other => return Err(corrupt(format!("scenario event kind {other:?}"))),
             };
             Ok(PlannedEvent {
                 at: Duration::from_micros(u64::try_from(r.get::<i64, _>("at_us")).unwrap_or(0)),
-                link: r.get("link"),
+                target: r.get("target"),
                 change,
             })
         })
@@ -155,7 +163,8 @@ pub(super) async fn record_applied(
 pub struct TimelineRow {
     pub idx: i32,
     pub at_us: i64,
-    pub link: String,
+    /// The link the event changes, or the node it acts on.
+    pub target: String,
     pub kind: String,
     pub planned_at: Option<DateTime<Utc>>,
     pub last_applied_at: Option<DateTime<Utc>>,
@@ -167,7 +176,7 @@ pub struct TimelineRow {
 
 pub(super) async fn timeline(pool: &PgPool, topology: &str) -> Result<Vec<TimelineRow>> {
     let rows = sqlx::query(
-        "SELECT idx, at_us, link, kind, planned_at, last_applied_at, worst_skew_us, agents, errors \
+        "SELECT idx, at_us, target, kind, planned_at, last_applied_at, worst_skew_us, agents, errors \
          FROM scenario_timeline WHERE topology = $1 ORDER BY idx",
     )
     .bind(topology)
@@ -178,13 +187,55 @@ pub(super) async fn timeline(pool: &PgPool, topology: &str) -> Result<Vec<Timeli
         .map(|r| TimelineRow {
             idx: r.get("idx"),
             at_us: r.get("at_us"),
-            link: r.get("link"),
+            target: r.get("target"),
             kind: r.get("kind"),
             planned_at: r.get("planned_at"),
             last_applied_at: r.get("last_applied_at"),
             worst_skew_us: r.get("worst_skew_us"),
             agents: r.get("agents"),
             errors: r.get("errors"),
+        })
+        .collect())
+}
+
+/// A node's event of a started scenario that no one has applied yet.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PendingNodeEvent {
+    pub topology_id: i64,
+    pub topology: String,
+    pub idx: i32,
+    pub node: String,
+    pub restart: bool,
+    pub planned_at: DateTime<Utc>,
+}
+
+/// Node events of started scenarios of topologies that run on `runtime`,
+/// not yet applied, in order of their instants.
+pub(super) async fn pending_node_events(
+    pool: &PgPool,
+    runtime: &str,
+) -> Result<Vec<PendingNodeEvent>> {
+    let rows = sqlx::query(
+        "SELECT t.id, t.name, e.idx, e.node, e.kind, \
+                r.starts_at + e.at_us * interval '1 microsecond' AS planned_at \
+         FROM scenario_events e JOIN topologies t ON t.id = e.topology_id \
+         JOIN scenario_runs r ON r.topology_id = e.topology_id \
+         WHERE e.node IS NOT NULL AND t.runtime = $1 AND NOT EXISTS ( \
+           SELECT 1 FROM scenario_applied a WHERE a.topology_id = e.topology_id AND a.idx = e.idx) \
+         ORDER BY planned_at, e.idx",
+    )
+    .bind(runtime)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| PendingNodeEvent {
+            topology_id: r.get("id"),
+            topology: r.get("name"),
+            idx: r.get("idx"),
+            node: r.get("node"),
+            restart: r.get::<String, _>("kind") == "restart",
+            planned_at: r.get("planned_at"),
         })
         .collect())
 }

@@ -177,7 +177,7 @@ fn print_scenario(t: &TopologyStatusRow) {
     table.set_header([
         "#",
         "AT",
-        "LINK",
+        "TARGET",
         "CHANGE",
         "PLANNED",
         "APPLIED",
@@ -192,7 +192,7 @@ fn print_scenario(t: &TopologyStatusRow) {
         table.add_row([
             e.idx.to_string(),
             format!("{:.3}s", e.at_us as f64 / 1e6),
-            e.link.clone(),
+            e.target.clone(),
             e.kind.clone(),
             time(e.planned_at),
             time(e.last_applied_at),
