@@ -262,9 +262,9 @@ impl Dataplane {
         // Links first, so the listener knows every link the new routes may use;
         // then the routes, in one swap: a flow sees the old table or the new one.
         self.links.store(Arc::new(map));
-        // The config carries the stored parameters; what the scenario changed
-        // so far stays in force.
-        self.scenario.reassert(context.mtu);
+        // Links the scenario took down stay down (their parameters were
+        // already taken from it in `build_links`).
+        self.scenario.reassert();
         self.routes.store(Arc::new(table));
         self.relay.view.store(Arc::new(view));
         self.generation = generation;
@@ -506,7 +506,12 @@ impl Dataplane {
                 role,
                 transport,
             };
-            let params = c.params.clone().unwrap_or_default();
+            // The config carries the stored parameters; what a timed scenario
+            // set since stays in force.
+            let params = self
+                .scenario
+                .params_for(&c.name)
+                .unwrap_or_else(|| c.params.clone().unwrap_or_default());
             crate::sched::Pipeline::<crate::link::Outbound>::new(&params, context.mtu, 0)
                 .map_err(|e| invalid(field(&format!("params.{}", e.field)), e.reason.clone()))?;
             planned.push((spec, params));

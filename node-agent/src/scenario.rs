@@ -5,9 +5,9 @@
 //! milliseconds; a timer in every agent, against a shared wall clock, applies
 //! an event on every agent it touches within a millisecond or so.
 //!
-//! What an event changed stays in force over later snapshots (`reassert`):
-//! the stored link parameters are the scenario's starting point, not a value
-//! to return to whenever the hub sends the config again.
+//! What an event changed stays in force over later snapshots (`params_for`,
+//! `reassert`): the stored link parameters are the scenario's starting point,
+//! not a value to return to whenever the hub sends the config again.
 
 use crate::link::LinkHandle;
 use crate::listener::LinkMap;
@@ -87,21 +87,17 @@ impl Runner {
         tokio::spawn(task.run(events));
     }
 
-    /// Applies what the scenario changed so far to a freshly built link set.
-    pub fn reassert(&self, mtu: u32) {
+    /// The parameters the scenario set for `link`'s direction of this node,
+    /// which a new config's stored ones do not replace.
+    pub fn params_for(&self, link: &str) -> Option<pb::LinkParams> {
+        lock(&self.overrides).params.get(link).cloned()
+    }
+
+    /// Takes the links the scenario holds down down again in a freshly built
+    /// link set (a link rebuilt for a new connection identity starts up).
+    pub fn reassert(&self) {
         let overrides = lock(&self.overrides);
-        if overrides.params.is_empty() && overrides.down.is_empty() {
-            return;
-        }
-        let links = self.links.load();
-        for (name, params) in &overrides.params {
-            if let Some(link) = links.get(name)
-                && let Err(e) = link.set_params(params.clone(), mtu)
-            {
-                tracing::warn!(link = %name, error = %e, "scenario parameters no longer apply");
-            }
-        }
-        for link in links.values() {
+        for link in self.links.load().values() {
             link.set_down(overrides.down.contains(&link.spec.name));
         }
     }
