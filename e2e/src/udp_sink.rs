@@ -1,5 +1,5 @@
 //! A UDP sink inside a node that records every datagram: when it arrived
-//! (CLOCK_MONOTONIC, ns) and the sequence number a sender wrote as its first 8
+//! (CLOCK_MONOTONIC, ns, or the wall clock to compare with stored times) and the sequence number a sender wrote as its first 8
 //! ASCII digits, if any. The trace-link and seed suites read their results
 //! from it.
 
@@ -14,6 +14,7 @@ import os, socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 8 << 20)
 s.bind(("0.0.0.0", int(sys.argv[2])))
+clock = time.time_ns if sys.argv[4:] == ["wall"] else time.monotonic_ns
 lines = []
 while True:
     try:
@@ -21,7 +22,7 @@ while True:
     except socket.timeout:
         break
     seq = int(data[:8]) if data[:8].isdigit() else -1
-    lines.append("%d %d" % (time.monotonic_ns(), seq))
+    lines.append("%d %d" % (clock(), seq))
     s.settimeout(float(sys.argv[3]))
 with open(sys.argv[1] + ".tmp", "w") as f:
     f.write("\n".join(lines))
@@ -44,11 +45,25 @@ impl UdpSink {
     /// Starts the sink on `port` in `node` and waits until it listens. It
     /// stops `idle` after the last datagram (or with the environment).
     pub fn start(env: &mut Env, node: &str, port: u16, idle: Duration) -> UdpSink {
+        Self::start_on_clock(env, node, port, idle, false)
+    }
+
+    /// As [`UdpSink::start`], with arrival times on the wall clock (ns since
+    /// the Unix epoch), to compare with times stored in PostgreSQL.
+    pub fn start_wall_clock(env: &mut Env, node: &str, port: u16, idle: Duration) -> UdpSink {
+        Self::start_on_clock(env, node, port, idle, true)
+    }
+
+    fn start_on_clock(env: &mut Env, node: &str, port: u16, idle: Duration, wall: bool) -> UdpSink {
         let file = env.state_dir.join(format!("udp-sink-{node}-{port}"));
         let _ = std::fs::remove_file(&file);
         let out = file.to_str().expect("state dir is UTF-8").to_owned();
         let (port_arg, idle_arg) = (port.to_string(), idle.as_secs_f64().to_string());
-        env.spawn_in(node, &["python3", "-c", SINK, &out, &port_arg, &idle_arg]);
+        let clock = if wall { "wall" } else { "monotonic" };
+        env.spawn_in(
+            node,
+            &["python3", "-c", SINK, &out, &port_arg, &idle_arg, clock],
+        );
         let listening = format!("ss -lun | grep -q ':{port} '");
         env.wait_for("the UDP sink", Duration::from_secs(10), || {
             env.exec(node, &["sh", "-c", &listening]).status.success()

@@ -616,6 +616,7 @@ fn control_seeds() -> Vec<(&'static str, Vec<u8>)> {
                     late_packets: 10,
                     max_late_us: 2_500,
                     behind_us: 4_000,
+                    drops_down: 11,
                     unfaithful:
                         "12 of 1000 packets (1%) left more than 1 ms after the link released them"
                             .into(),

@@ -173,8 +173,26 @@ async fn connect(hub: &HubAddress, tls: &TlsFiles) -> Result<Channel, ConnectErr
 pub async fn run(hub: HubAddress, identity: Identity, mut dataplane: Dataplane) {
     let mut backoff = BACKOFF_MIN;
     let mut sequence = 0u64;
+    // Reports of applied scenario events outlive sessions: one made while the
+    // hub is away is sent on the next stream.
+    let (_keep, mut applied) = match dataplane.scenario().take_reports() {
+        Some(rx) => (None, rx),
+        None => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), rx)
+        }
+    };
     loop {
-        match session(&hub, &identity, &mut dataplane, &mut sequence, &mut backoff).await {
+        match session(
+            &hub,
+            &identity,
+            &mut dataplane,
+            &mut sequence,
+            &mut backoff,
+            &mut applied,
+        )
+        .await
+        {
             Ok(()) => tracing::info!("hub closed the stream; reconnecting"),
             Err(e) => {
                 tracing::warn!(error = %error_chain(e.as_ref()), "control stream failed; reconnecting")
@@ -192,6 +210,7 @@ async fn session(
     dataplane: &mut Dataplane,
     sequence: &mut u64,
     backoff: &mut Duration,
+    applied: &mut mpsc::UnboundedReceiver<pb::ScenarioApplied>,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let channel = connect(hub, &identity.tls).await?;
     let mut client = ControlClient::new(channel);
@@ -275,8 +294,16 @@ async fn session(
                             synth.stored(r.sequence);
                         }
                     }
+                    Some(pb::controller_message::Msg::Scenario(s)) => {
+                        if let Err(e) = dataplane.schedule_scenario(s) {
+                            tracing::warn!(error = %e, "scenario not scheduled");
+                        }
+                    }
                     None => {}
                 }
+            }
+            Some(report) = applied.recv() => {
+                tx.send(message(pb::agent_message::Msg::ScenarioApplied(report))).await?;
             }
             _ = ticker.tick() => {
                 *sequence += 1;

@@ -30,6 +30,8 @@ pub struct LinkCounters {
     pub behind_ns: AtomicU64,
     /// The worst lateness since the last report, nanoseconds.
     pub max_late_ns: AtomicU64,
+    /// Packets dropped while a scenario held the link down (also in `drops`).
+    pub drops_down: AtomicU64,
     /// The fidelity guard's verdict on the last report window.
     pub unfaithful: AtomicBool,
 }
@@ -68,6 +70,12 @@ impl LinkCounters {
         self.drops.fetch_add(1, Relaxed);
     }
 
+    /// A packet dropped because the link is down (a timed scenario's doing).
+    pub fn count_down_drop(&self) {
+        self.drops.fetch_add(1, Relaxed);
+        self.drops_down.fetch_add(1, Relaxed);
+    }
+
     /// The counters for a report; starts a new window of the worst lateness.
     pub fn report(&self, link: &str) -> pb::LinkCounters {
         pb::LinkCounters {
@@ -90,6 +98,7 @@ impl LinkCounters {
             late_packets: self.late_packets.load(Relaxed),
             max_late_us: self.max_late_ns.swap(0, Relaxed) / 1000,
             behind_us: self.behind_ns.load(Relaxed) / 1000,
+            drops_down: self.drops_down.load(Relaxed),
             unfaithful: String::new(),
         }
     }

@@ -83,12 +83,15 @@ pub struct Dataplane {
     node_side: crate::node_side::NodeSide,
     /// Judges every report window's links (fidelity.rs).
     fidelity: crate::fidelity::Guard,
+    /// Applies the timed scenario's events at their instants (scenario.rs).
+    scenario: crate::scenario::Runner,
 }
 
 impl Dataplane {
     pub fn new(topology: String, node: String, tun_name: String) -> Dataplane {
         let routes: Routes = Arc::new(ArcSwap::from_pointee(RouteTable::empty()));
         let relay = Arc::new(crate::relay::Relay::new(routes.clone(), Arc::default()));
+        let links: LinkMap = Arc::new(ArcSwap::from_pointee(HashMap::new()));
         Dataplane {
             topology,
             node,
@@ -96,7 +99,8 @@ impl Dataplane {
             identity: None,
             context: None,
             routes,
-            links: Arc::new(ArcSwap::from_pointee(HashMap::new())),
+            scenario: crate::scenario::Runner::new(links.clone()),
+            links,
             counters: Arc::new(NodeCounters::default()),
             generation: 0,
             agent: Arc::default(),
@@ -167,6 +171,20 @@ impl Dataplane {
             )
         });
         synth.set_tasks(flows);
+    }
+
+    /// The scenario runner: schedules what the hub sends, and hands the
+    /// control loop its reports.
+    pub fn scenario(&mut self) -> &mut crate::scenario::Runner {
+        &mut self.scenario
+    }
+
+    /// Schedules a timed scenario's events (before the first snapshot there
+    /// are no links to apply them to, and the MTU is not known).
+    pub fn schedule_scenario(&mut self, scenario: pb::Scenario) -> Result<(), ApplyError> {
+        let mtu = self.context.as_ref().ok_or(ApplyError::NoSnapshot)?.mtu;
+        self.scenario.schedule(scenario, mtu);
+        Ok(())
     }
 
     pub fn generation(&self) -> u64 {
@@ -244,6 +262,9 @@ impl Dataplane {
         // Links first, so the listener knows every link the new routes may use;
         // then the routes, in one swap: a flow sees the old table or the new one.
         self.links.store(Arc::new(map));
+        // Links the scenario took down stay down (their parameters were
+        // already taken from it in `build_links`).
+        self.scenario.reassert();
         self.routes.store(Arc::new(table));
         self.relay.view.store(Arc::new(view));
         self.generation = generation;
@@ -485,7 +506,12 @@ impl Dataplane {
                 role,
                 transport,
             };
-            let params = c.params.clone().unwrap_or_default();
+            // The config carries the stored parameters; what a timed scenario
+            // set since stays in force.
+            let params = self
+                .scenario
+                .params_for(&c.name)
+                .unwrap_or_else(|| c.params.clone().unwrap_or_default());
             crate::sched::Pipeline::<crate::link::Outbound>::new(&params, context.mtu, 0)
                 .map_err(|e| invalid(field(&format!("params.{}", e.field)), e.reason.clone()))?;
             planned.push((spec, params));

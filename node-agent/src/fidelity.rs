@@ -149,7 +149,9 @@ impl Guard {
                 sent: l.tx_packets,
                 late: l.late_packets,
                 behind_us: l.behind_us,
-                drops: l.drops,
+                // A link a scenario took down drops by design, not for want
+                // of CPU.
+                drops: l.drops.saturating_sub(l.drops_down),
             };
             // Counters start again when a link is recreated.
             let window = Window {
@@ -340,6 +342,25 @@ mod tests {
             ..Window::default()
         };
         assert!(judge(&only_drops, &CALM).is_some());
+    }
+
+    #[test]
+    fn drops_of_a_link_a_scenario_took_down_are_not_the_emulators() {
+        let mut guard = Guard::default();
+        let link = |drops, drops_down| pb::LinkCounters {
+            link: "a-b".into(),
+            tx_packets: 1_000,
+            drops,
+            drops_down,
+            ..Default::default()
+        };
+        let mut down = [link(500, 500)];
+        guard.judge_report(&mut down);
+        assert!(down[0].unfaithful.is_empty(), "{}", down[0].unfaithful);
+        // Hand-off drops beside them still count.
+        let mut more = [link(1_100, 1_000)];
+        guard.judge_report(&mut more);
+        assert!(!more[0].unfaithful.is_empty());
     }
 
     #[test]

@@ -33,6 +33,7 @@ pub mod packet;
 pub mod processor;
 pub mod quic;
 pub mod relay;
+pub mod scenario;
 pub mod socks;
 pub mod timer;
 pub mod ttl;

@@ -98,6 +98,9 @@ pub struct LinkHandle {
     capturing: std::sync::Mutex<Option<mpsc::WeakSender<crate::capture::CapturedPacket>>>,
     /// The pipeline's clock starts here.
     epoch: Instant,
+    /// Set by a scenario's `state: down`: the link takes no packets until it
+    /// is up again (each end stops its own direction).
+    down: std::sync::atomic::AtomicBool,
     _stop: watch::Sender<()>,
 }
 
@@ -148,13 +151,16 @@ impl LinkHandle {
             taps,
             capturing: std::sync::Mutex::new(None),
             epoch,
+            down: std::sync::atomic::AtomicBool::new(false),
             _stop: stop,
         }))
     }
 
     /// Queues a packet for the peer; a full hand-off queue drops it.
     pub fn enqueue(&self, packet: Packet) {
-        if self.queue.try_send(packet).is_err() {
+        if self.down.load(Relaxed) {
+            self.counters.count_down_drop();
+        } else if self.queue.try_send(packet).is_err() {
             self.counters.count_drop();
         }
     }
@@ -201,6 +207,16 @@ impl LinkHandle {
         // Either way the tap dropped here ends its capture.
         let _ = self.taps.try_send(Box::new(tap));
         Ok(())
+    }
+
+    /// Takes the link down (it drops what it is given, as a cut wire would)
+    /// or brings it up again. Packets already queued still leave.
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Relaxed);
+    }
+
+    pub fn is_down(&self) -> bool {
+        self.down.load(Relaxed)
     }
 
     /// Configured shaped rate of the direction this node sends, bit/s (0 = unlimited).

@@ -123,3 +123,29 @@ fn dashboards_name_only_exported_metrics() {
         assert!(used.contains(metric), "no dashboard shows {metric}");
     }
 }
+
+#[test]
+fn the_link_dashboard_marks_scenario_events() {
+    // Timed scenarios (issue 18.2): each event shows as an annotation at the
+    // time it took effect, from the store's timeline.
+    let all = dashboards();
+    let link = &all
+        .iter()
+        .find(|(n, _)| n == "nextmini-link.json")
+        .expect("link dashboard")
+        .1;
+    let sql: Vec<&str> = dashboards::annotation_list(link)
+        .filter_map(|a| a["target"]["rawSql"].as_str())
+        .collect();
+    assert!(
+        sql.iter()
+            .any(|q| q.contains("scenario_timeline") && q.contains("last_applied_at")),
+        "no annotation query on scenario_timeline: {sql:?}"
+    );
+    assert!(
+        dashboards::queries(link)
+            .iter()
+            .any(|q| q.panel.starts_with("annotation") && q.language == Language::Sql),
+        "annotation SQL is not among the queries the observability suite runs"
+    );
+}

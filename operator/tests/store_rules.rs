@@ -528,3 +528,116 @@ async fn structure_is_refused_live_and_stays_the_operators() {
     assert_eq!(plan.dataplane.mtu, 1300);
     assert_eq!(plan.links.len(), 3);
 }
+
+/// Timed scenarios (migration 0015): the planned events read back as they
+/// were planned, column by column; the run's start is chosen once; agents'
+/// reports make the timeline; and a script writes none of it.
+#[tokio::test]
+async fn the_scenario_round_trips_and_is_written_by_nextmini_alone() {
+    let (_db, store, mut user) = stored("scenario").await;
+    let text = r#"
+apiVersion: nextmini.io/v1alpha1
+kind: Topology
+metadata: {name: dia}
+spec:
+  linkDefaults: {rate: 20Mbit, delay: 1ms}
+  nodes: [{name: s}, {name: x}, {name: y}, {name: t}]
+  links:
+    - {name: s-x, endpoints: [s, x], backward: {loss: 1%}}
+    - {name: s-y, endpoints: [s, y]}
+    - {name: x-t, endpoints: [x, t]}
+    - {name: y-t, endpoints: [y, t]}
+  scenario:
+    events:
+      - {at: 1500ms, link: s-x, set: {rate: 5Mbit, delay: 3ms}}
+      - {at: 2s, link: s-x, state: down}
+      - {at: 2s, link: y-t, state: up}
+"#;
+    let plan = planned("dia.yaml", text);
+    assert_eq!(plan.scenario.len(), 3);
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("apply");
+    let (loaded, _) = store.load_plan("dia").await.expect("load").expect("exists");
+    // Offset, link, kind and both directions' parameters, all read back.
+    assert_eq!(loaded.scenario, plan.scenario);
+
+    let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = 'dia'")
+        .fetch_one(store.pool())
+        .await
+        .expect("id");
+    assert_eq!(store.scenario_started(id).await.expect("read"), None);
+    let start = store
+        .start_scenario(id, std::time::Duration::from_secs(1))
+        .await
+        .expect("start");
+    let again = store
+        .start_scenario(id, std::time::Duration::from_secs(5))
+        .await
+        .expect("start again");
+    assert_eq!(start, again, "a run starts once");
+    let at = |ms: i64| start + chrono::Duration::milliseconds(ms);
+    let row = |idx, planned, applied, error: &str| nextmini_operator::store::AppliedRow {
+        idx,
+        planned_at: at(planned),
+        applied_at: at(applied),
+        error: error.into(),
+    };
+    store
+        .record_scenario_applied(id, "s", &[row(0, 1500, 1501, ""), row(1, 2000, 2000, "")])
+        .await
+        .expect("s reports");
+    store
+        .record_scenario_applied(id, "x", &[row(0, 1500, 1503, ""), row(1, 2000, 2009, "x")])
+        .await
+        .expect("x reports");
+    // A report repeated after a reconnect changes nothing.
+    store
+        .record_scenario_applied(id, "x", &[row(0, 1500, 1600, "")])
+        .await
+        .expect("repeat");
+    let timeline = store.scenario_timeline("dia").await.expect("timeline");
+    let summary: Vec<String> = timeline
+        .iter()
+        .map(|t| {
+            format!(
+                "{} {} {} skew {:?} agents {} errors {:?}",
+                t.idx, t.target, t.kind, t.worst_skew_us, t.agents, t.errors
+            )
+        })
+        .collect();
+    assert_eq!(
+        summary,
+        [
+            "0 s-x set skew Some(3000) agents 2 errors \"\"",
+            "1 s-x down skew Some(9000) agents 2 errors \"x: x\"",
+            "2 y-t up skew None agents 0 errors \"\"",
+        ]
+    );
+    assert_eq!(timeline[0].planned_at, Some(at(1500)));
+    assert_eq!(timeline[0].last_applied_at, Some(at(1503)));
+    assert_eq!(timeline[0].at_us, 1_500_000);
+
+    let before = store.scenario_timeline("dia").await.expect("timeline");
+    for sql in [
+        "UPDATE scenario_events SET at_us = 0",
+        "INSERT INTO scenario_events (topology_id, idx, at_us, link, kind) SELECT id, 9, 0, 's-y', 'down' FROM topologies",
+        "UPDATE scenario_runs SET starts_at = now()",
+        "UPDATE scenario_applied SET skew_us = 0",
+        "INSERT INTO scenario_applied (topology_id, idx, node, planned_at, applied_at, skew_us) \
+         SELECT id, 2, 'y', now(), now(), 0 FROM topologies",
+    ] {
+        refused(
+            &mut user,
+            sql,
+            "written by Nextmini from the Topology's spec.scenario",
+        )
+        .await;
+    }
+    assert_eq!(
+        store.scenario_timeline("dia").await.expect("timeline"),
+        before,
+        "a refused write changed the timeline"
+    );
+}

@@ -10,6 +10,7 @@ mod discipline;
 mod flow;
 mod link;
 mod params;
+mod scenario;
 mod socks;
 mod topology;
 mod trace;
@@ -27,6 +28,7 @@ pub use flow::{
 };
 pub use link::{Link, LinkSpec, LinkStatus};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
+pub use scenario::{LinkState, MAX_SCENARIO_EVENTS, NodeAction, ScenarioEventSpec, ScenarioSpec};
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,

@@ -77,6 +77,13 @@ pub struct TopologySpec {
     /// reproducible). Links take it when they are built.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed: Option<u64>,
+    /// A timed scenario: link changes (parameters, down, up) at offsets from
+    /// the moment the topology first runs, applied by each agent at the
+    /// instant with its own timer and recorded with the time each took effect
+    /// (`nextmini status`, table `scenario_applied`). It runs once per
+    /// creation of the topology.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scenario: Option<super::scenario::ScenarioSpec>,
     /// The nodes, in order; a node's position decides its addresses.
     #[serde(default)]
     #[schemars(length(max = 65534))]

@@ -72,6 +72,16 @@ pub fn validate(
             ),
         });
     }
+    // A scenario's node events are the local runtime's (it kills and starts
+    // agent processes); a cluster refuses them rather than ignore them.
+    if let Some(i) = plan.scenario.iter().position(|e| e.change.is_node()) {
+        return Err(Invalid {
+            reason: "InvalidSpec",
+            message: format!(
+                "spec.scenario.events[{i}].node: node events (kill, restart) run in namespace mode (`nextmini up`) only; in a cluster, delete the node's pod instead"
+            ),
+        });
+    }
     let containers = user_containers(topology)?;
     match plan.packing() {
         Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
@@ -299,6 +309,21 @@ mod tests {
         .expect_err("refused");
         assert!(
             e.message.contains("spec.workers") && e.message.contains("at least 2 workers"),
+            "{}",
+            e.message
+        );
+    }
+
+    #[test]
+    fn node_events_of_a_scenario_are_refused_in_a_cluster() {
+        let m = crate::plan::parse_manifest(
+            "t.yaml",
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: s}\nspec:\n  nodes: [{name: a}, {name: b}]\n  links: [{endpoints: [a, b]}]\n  scenario:\n    events:\n    - {at: 1s, link: a-b, state: down}\n    - {at: 2s, node: b, action: kill}\n",
+        )
+        .expect("parses");
+        let e = validate(&m, "lab", None).expect_err("node events refused");
+        assert!(
+            e.message.starts_with("spec.scenario.events[1].node: "),
             "{}",
             e.message
         );

@@ -11,6 +11,7 @@ mod fidelity;
 mod observability;
 pub(crate) mod params;
 mod repair;
+mod scenario;
 mod session;
 mod snapshot;
 mod tls;

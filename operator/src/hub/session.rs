@@ -107,6 +107,7 @@ pub(super) async fn run(
     let (topology, node) = &key;
     let mut last_sequence = 0u64;
     let mut flows = FlowStart::default();
+    let mut scenario = super::scenario::ScenarioStart::default();
     let mut episodes = super::fidelity::Episodes::default();
     loop {
         let msg = match inbound.message().await {
@@ -157,6 +158,7 @@ pub(super) async fn run(
                         flows.told = flows.told.max(g);
                     }
                 }
+                scenario.check(&hub, id, &key, topology_id).await;
             }
             Some(pb::agent_message::Msg::Report(report)) => {
                 // A report replayed after a reconnect carries an old sequence.
@@ -177,6 +179,10 @@ pub(super) async fn run(
                     .collect();
                 hub.inner.counters.push(rows).await;
                 flows.check(&hub, id, &key, topology_id).await;
+                scenario.check(&hub, id, &key, topology_id).await;
+            }
+            Some(pb::agent_message::Msg::ScenarioApplied(report)) => {
+                super::scenario::store_applied(&hub, &key, topology_id, &report).await;
             }
             // The agent keeps what was not confirmed and sends it again on its
             // next session.

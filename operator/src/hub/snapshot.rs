@@ -173,6 +173,8 @@ impl TopologyView {
             dataplane,
             report_interval_ms,
             seed,
+            // Sent apart from snapshots, once the run starts (hub/scenario.rs).
+            scenario: _,
             nodes,
             links: _,
             flows,

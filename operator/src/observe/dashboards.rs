@@ -76,7 +76,26 @@ pub fn queries(dashboard: &Value) -> Vec<Query> {
             }
         }
     }
+    // Annotations' SQL (the scenario's events) runs like a panel's.
+    for a in annotation_list(dashboard) {
+        if let Some(sql) = a["target"]["rawSql"].as_str() {
+            out.push(Query {
+                panel: format!("annotation {}", a["name"].as_str().unwrap_or("")),
+                ref_id: a["target"]["refId"].as_str().unwrap_or("").to_string(),
+                language: Language::Sql,
+                text: sql.to_string(),
+            });
+        }
+    }
     out
+}
+
+/// The dashboard's annotation queries (Grafana's built-in one has none).
+pub fn annotation_list(dashboard: &Value) -> impl Iterator<Item = &Value> {
+    dashboard["annotations"]["list"]
+        .as_array()
+        .into_iter()
+        .flatten()
 }
 
 /// The template variables' own queries (`label_values(...)` or SQL).
@@ -278,6 +297,18 @@ pub fn check(dashboard: &Value, provisioned: &HashMap<String, String>) -> Vec<St
     for v in variables.iter().filter(|v| v["type"] == "query") {
         if let Err(e) = datasource_ok(&v["datasource"]) {
             problem(format!("variable {}: {e}", v["name"]));
+        }
+    }
+    for a in annotation_list(dashboard) {
+        let at = format!("annotation {:?}", a["name"].as_str().unwrap_or_default());
+        if let Err(e) = datasource_ok(&a["datasource"]) {
+            problem(format!("{at}: {e}"));
+        }
+        if a["target"]["rawSql"]
+            .as_str()
+            .is_none_or(|s| s.trim().is_empty())
+        {
+            problem(format!("{at}: no SQL"));
         }
     }
     let mut ids = HashSet::new();

@@ -121,6 +121,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
             .as_millis()
             .min(u128::from(u32::MAX)) as u32,
         seed: spec.seed,
+        scenario: super::scenario::build(draft),
         nodes,
         links,
         flows,

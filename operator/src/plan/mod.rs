@@ -14,6 +14,7 @@ mod params;
 mod params_check;
 mod parse;
 mod routes;
+mod scenario;
 mod socks;
 pub mod trace_sources;
 mod validate;
@@ -24,6 +25,8 @@ mod effects_tests;
 mod flows_tests;
 #[cfg(test)]
 mod params_tests;
+#[cfg(test)]
+mod scenario_tests;
 #[cfg(test)]
 mod tests;
 

@@ -26,11 +26,60 @@ pub struct Plan {
     pub report_interval_ms: u32,
     /// `spec.seed`: the experiment's seed (None = derived from names alone).
     pub seed: Option<u64>,
+    /// `spec.scenario`'s events, in order (empty without a scenario).
+    pub scenario: Vec<PlannedEvent>,
     /// Sorted by `index`; `index` is the node's position in the topology.
     pub nodes: Vec<PlannedNode>,
     /// Sorted by name.
     pub links: Vec<PlannedLink>,
     pub flows: Vec<PlannedFlow>,
+}
+
+/// One event of a timed scenario, as every agent it touches applies it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedEvent {
+    /// Offset from the scenario's start.
+    pub at: Duration,
+    /// The link it changes, or the node it acts on (`EventChange::Node`).
+    pub target: String,
+    pub change: EventChange,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum EventChange {
+    /// Both directions' parameters from now on, after inheritance (what the
+    /// link's own layers and every earlier event of the link leave).
+    /// Boxed: a pair of parameter sets is large beside `Up`.
+    Params(Box<DirectionPair>),
+    /// The link forwards (`true`) or stops forwarding.
+    Up(bool),
+    /// The node's agent is killed (`false`) or started again (`true`).
+    Node { restart: bool },
+}
+
+/// What each end of a link sends with.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DirectionPair {
+    pub forward: LinkParams,
+    pub backward: LinkParams,
+}
+
+impl EventChange {
+    /// The kind as stored (`scenario_events.kind`) and shown.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            EventChange::Params(_) => "set",
+            EventChange::Up(true) => "up",
+            EventChange::Up(false) => "down",
+            EventChange::Node { restart: false } => "kill",
+            EventChange::Node { restart: true } => "restart",
+        }
+    }
+
+    /// Whether the event acts on a node (its target is a node's name).
+    pub fn is_node(&self) -> bool {
+        matches!(self, EventChange::Node { .. })
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

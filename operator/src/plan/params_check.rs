@@ -60,6 +60,66 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     }
 }
 
+/// A scenario event's `set` (`prefix`, e.g. `spec.scenario.events[2].set`): on
+/// its own, then over each direction of `link` as the link's own layers and the
+/// `earlier` events' sets (each with its path) leave it.
+pub(crate) fn check_event(
+    draft: &Draft,
+    link: &super::assemble::DraftLink,
+    earlier: &[(&LinkParamsSpec, String)],
+    set: &LinkParamsSpec,
+    prefix: String,
+    errors: &mut ValidationErrors,
+) {
+    let spec = &draft.doc.object.spec;
+    let mtu = Some(spec.dataplane.mtu).filter(|m| MTU.contains(m));
+    let mut reporter = Reporter::default();
+    let document = draft.doc.origin.as_str();
+    let defaults_params = spec.link_defaults.as_ref().map(|d| d.params());
+    let this = Layer {
+        spec: set,
+        document,
+        prefix,
+        defaults: false,
+    };
+    reporter.check_set(&this, mtu, errors);
+    for (name, over) in [("forward", &link.forward), ("backward", &link.backward)] {
+        let mut layers: Vec<Layer> = defaults_params
+            .iter()
+            .map(|spec| Layer {
+                spec,
+                document,
+                prefix: "spec.linkDefaults".to_owned(),
+                defaults: true,
+            })
+            .collect();
+        layers.push(Layer {
+            spec: &link.params,
+            document: link.document,
+            prefix: link.params_field.clone(),
+            defaults: false,
+        });
+        if let Some(spec) = over {
+            layers.push(Layer {
+                spec,
+                document: link.document,
+                prefix: format!("{}.{name}", link.params_field),
+                defaults: false,
+            });
+        }
+        for (spec, prefix) in earlier {
+            layers.push(Layer {
+                spec,
+                document,
+                prefix: prefix.clone(),
+                defaults: false,
+            });
+        }
+        layers.push(this.clone());
+        reporter.check_direction(&layers, errors);
+    }
+}
+
 /// One parameter set and where it was written.
 #[derive(Clone)]
 struct Layer<'a> {

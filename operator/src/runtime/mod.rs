@@ -12,6 +12,7 @@ pub mod node_hosts;
 pub mod packed;
 pub mod pods;
 pub mod process;
+pub mod scenario_nodes;
 pub mod supervise;
 pub mod worker;
 

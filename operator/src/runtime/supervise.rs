@@ -9,18 +9,28 @@ use super::{names, netlink, process};
 use crate::store::Store;
 use std::time::Duration;
 
-pub async fn run(runtime: NetnsRuntime, store: Store, every: Duration) {
+/// `held`: nodes a timed scenario killed, left down until it restarts them.
+pub async fn run(
+    runtime: NetnsRuntime,
+    store: Store,
+    held: super::scenario_nodes::Held,
+    every: Duration,
+) {
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
     loop {
         tick.tick().await;
-        if let Err(e) = sweep(&runtime, &store).await {
+        if let Err(e) = sweep(&runtime, &store, &held).await {
             tracing::debug!(error = %e, "supervisor pass failed");
         }
     }
 }
 
-async fn sweep(runtime: &NetnsRuntime, store: &Store) -> anyhow::Result<()> {
+async fn sweep(
+    runtime: &NetnsRuntime,
+    store: &Store,
+    held: &super::scenario_nodes::Held,
+) -> anyhow::Result<()> {
     for topology in store.topology_names().await? {
         let Some(status) = store.status(&topology).await? else {
             continue;
@@ -33,6 +43,9 @@ async fn sweep(runtime: &NetnsRuntime, store: &Store) -> anyhow::Result<()> {
         };
         for node in &status.nodes {
             let Some(pid) = node.pid else { continue };
+            if super::scenario_nodes::is_held(held, &topology, &node.name) {
+                continue;
+            }
             let ns = names::netns(&topology, &node.name);
             let dead = !process::is_running(pid as u32) && process::find_agents_in(&ns).is_empty();
             if !dead || !netlink::netns_path(&ns).exists() {

@@ -13,6 +13,7 @@ mod metrics;
 mod plan_rows;
 mod routes;
 pub mod rules;
+mod scenario;
 mod status;
 
 pub use counters::CounterRow;
@@ -23,6 +24,7 @@ pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
 pub use plan_rows::LoadedPlan;
 pub use routes::{RouteRow, RouteRuleRow};
+pub use scenario::{AppliedRow, PendingNodeEvent, TimelineRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
 
 use crate::plan::Plan;
@@ -505,6 +507,44 @@ impl Store {
     /// whether its links are up: flows defined in it or before may start.
     pub async fn readiness(&self, topology_id: i64) -> Result<Readiness> {
         flows::readiness(&self.pool, topology_id).await
+    }
+
+    /// The timed scenario's start: the stored one, or `lead` from now if it
+    /// has not started (every caller gets the same).
+    pub async fn start_scenario(
+        &self,
+        topology_id: i64,
+        lead: Duration,
+    ) -> Result<chrono::DateTime<chrono::Utc>> {
+        scenario::start(&self.pool, topology_id, lead).await
+    }
+
+    /// The timed scenario's start, if it started.
+    pub async fn scenario_started(
+        &self,
+        topology_id: i64,
+    ) -> Result<Option<chrono::DateTime<chrono::Utc>>> {
+        scenario::started(&self.pool, topology_id).await
+    }
+
+    /// Stores when scenario events took effect on `node`.
+    pub async fn record_scenario_applied(
+        &self,
+        topology_id: i64,
+        node: &str,
+        rows: &[AppliedRow],
+    ) -> Result<()> {
+        scenario::record_applied(&self.pool, topology_id, node, rows).await
+    }
+
+    /// Node events of started scenarios on `runtime` that no one applied yet.
+    pub async fn pending_node_events(&self, runtime: &str) -> Result<Vec<PendingNodeEvent>> {
+        scenario::pending_node_events(&self.pool, runtime).await
+    }
+
+    /// The topology's scenario events: planned, applied, worst skew.
+    pub async fn scenario_timeline(&self, topology: &str) -> Result<Vec<TimelineRow>> {
+        scenario::timeline(&self.pool, topology).await
     }
 
     /// Stored flow results, optionally of one topology and one flow.

@@ -59,6 +59,7 @@ pub(super) async fn replace_children(
     }
     insert_nodes(tx, id, plan, credential_sha256).await?;
     insert_links(tx, id, plan).await?;
+    super::scenario::replace(tx, id, &plan.topology, &plan.scenario).await?;
     // New nodes mean new agents: every flow runs anew.
     super::flows::replace(tx, id, plan, false).await?;
     Ok(())
@@ -83,6 +84,7 @@ pub(super) async fn replace_links_and_flows(
         .execute(&mut **tx)
         .await?;
     insert_links(tx, id, plan).await?;
+    super::scenario::replace(tx, id, &plan.topology, &plan.scenario).await?;
     // Flow routes move the generation past the one `upsert_topology` returned;
     // agents ack the last one, which is what waiting for the first needs.
     super::flows::replace(tx, id, plan, true).await?;
@@ -312,6 +314,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
         });
     }
     let (flows, flow_faults) = super::flows::load(pool, id).await?;
+    let scenario = super::scenario::load(pool, id, name).await?;
     faults.extend(flow_faults);
     let plan = Plan {
         topology: name.to_string(),
@@ -330,6 +333,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
         },
         report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
         seed: t.get::<Option<i64>, _>("seed").map(|s| s as u64),
+        scenario,
         nodes,
         links,
         flows,

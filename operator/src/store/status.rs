@@ -15,6 +15,8 @@ pub struct TopologyStatusRow {
     /// Links whose traffic the emulator limited, now or within
     /// [`super::FIDELITY_HOLD_SECS`]: the fidelity guard's episodes.
     pub unfaithful: Vec<super::FidelityEpisode>,
+    /// The timed scenario's events: planned, applied, worst skew.
+    pub scenario: Vec<super::TimelineRow>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -110,6 +112,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
         links,
         problems: problems(pool, name).await?,
         unfaithful: super::fidelity::recent(pool, id).await?,
+        scenario: super::scenario::timeline(pool, name).await?,
     }))
 }
 

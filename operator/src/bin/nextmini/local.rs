@@ -177,11 +177,20 @@ impl Local {
         tracing::info!(socket = %socket.display(), "hub listening");
         let hub = Hub::new(store.clone());
         crate::observe::start_for_hub(self, &hub, &store).await;
-        // The local runtime's half of "a dead agent is restarted".
+        // The local runtime's half of "a dead agent is restarted", and the
+        // timed scenarios' node events, which hold a killed agent down.
+        let held = nextmini_operator::runtime::scenario_nodes::Held::default();
         tokio::spawn(nextmini_operator::runtime::supervise::run(
             self.runtime()?,
             store.clone(),
+            held.clone(),
             Duration::from_millis(500),
+        ));
+        tokio::spawn(nextmini_operator::runtime::scenario_nodes::run(
+            self.runtime()?,
+            store.clone(),
+            held,
+            Duration::from_millis(200),
         ));
         let served = hub
             .serve_unix(&socket, nextmini_operator::shutdown::signal())

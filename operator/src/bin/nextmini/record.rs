@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use nextmini_operator::plan::{self, Manifest};
 use nextmini_operator::store::Store;
 use serde::Serialize;
+use sqlx::Row;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -95,7 +96,40 @@ fn push_all<T: Serialize>(out: &mut String, docs: &[plan::Doc<T>]) -> anyhow::Re
     Ok(())
 }
 
-/// The scenario events of the topology's run, one line each.
-async fn timeline(_store: &Store, _topology: &str) -> anyhow::Result<Vec<String>> {
-    Ok(Vec::new())
+/// The scenario events of the topology's run, one line each: offset, target,
+/// kind, when it was planned and took effect, and its worst skew.
+async fn timeline(store: &Store, topology: &str) -> anyhow::Result<Vec<String>> {
+    let rows = sqlx::query(
+        "SELECT at_us, target, kind, planned_at::text AS planned, \
+                first_applied_at::text AS applied, worst_skew_us, errors \
+         FROM scenario_timeline WHERE topology = $1 ORDER BY idx",
+    )
+    .bind(topology)
+    .fetch_all(store.pool())
+    .await
+    .context("reading the scenario's timeline")?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let at_us: i64 = r.get("at_us");
+            let applied: Option<String> = r.get("applied");
+            let skew: Option<i64> = r.get("worst_skew_us");
+            let errors: String = r.get("errors");
+            format!(
+                "+{:.3} s {} {}: planned {}, applied {}{}{}",
+                at_us as f64 / 1e6,
+                r.get::<String, _>("target"),
+                r.get::<String, _>("kind"),
+                r.get::<Option<String>, _>("planned")
+                    .unwrap_or_else(|| "(not started)".into()),
+                applied.unwrap_or_else(|| "(not yet)".into()),
+                skew.map(|s| format!(", worst skew {s} µs")).unwrap_or_default(),
+                if errors.is_empty() {
+                    String::new()
+                } else {
+                    format!(", errors: {errors}")
+                }
+            )
+        })
+        .collect())
 }

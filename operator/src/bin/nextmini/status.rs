@@ -152,6 +152,57 @@ fn print_topology(
         println!("{problems}");
     }
     print_fidelity(t);
+    print_scenario(t);
+}
+
+/// The timed scenario: each event's offset, its planned instant, when the
+/// last agent it touches applied it, and the worst skew among them.
+fn print_scenario(t: &TopologyStatusRow) {
+    if t.scenario.is_empty() {
+        return;
+    }
+    let started = t.scenario.iter().find_map(|e| {
+        e.planned_at
+            .map(|p| p - chrono::Duration::microseconds(e.at_us))
+    });
+    match started {
+        Some(start) => println!(
+            "\nscenario (started {}):",
+            start.format("%Y-%m-%d %H:%M:%S%.3f UTC")
+        ),
+        None => println!("\nscenario (starts once every agent runs and every link forwards):"),
+    }
+    let mut table = Table::new();
+    table.load_preset(UTF8_BORDERS_ONLY);
+    table.set_header([
+        "#",
+        "AT",
+        "TARGET",
+        "CHANGE",
+        "PLANNED",
+        "APPLIED",
+        "WORST SKEW",
+        "AGENTS",
+        "ERRORS",
+    ]);
+    let time = |t: Option<chrono::DateTime<chrono::Utc>>| {
+        t.map_or("-".to_string(), |t| t.format("%H:%M:%S%.3f").to_string())
+    };
+    for e in &t.scenario {
+        table.add_row([
+            e.idx.to_string(),
+            format!("{:.3}s", e.at_us as f64 / 1e6),
+            e.target.clone(),
+            e.kind.clone(),
+            time(e.planned_at),
+            time(e.last_applied_at),
+            e.worst_skew_us
+                .map_or("-".to_string(), |s| format!("{:.3} ms", s as f64 / 1000.0)),
+            e.agents.to_string(),
+            e.errors.clone(),
+        ]);
+    }
+    println!("{table}");
 }
 
 /// The fidelity guard's episodes: when the emulator, not the emulated

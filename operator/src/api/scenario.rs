@@ -1,0 +1,70 @@
+//! `spec.scenario` of a Topology: a timeline of changes at offsets from the
+//! moment the topology first runs (every agent applied its config and every
+//! link forwards). Each agent applies the events that touch it with its own
+//! timer (DESIGN.md "Timed scenarios").
+
+use super::params::LinkParamsSpec;
+use crate::units::Duration;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// At most this many events in one scenario.
+pub const MAX_SCENARIO_EVENTS: usize = 1000;
+
+/// A timeline of link and node changes at offsets from the scenario's start.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioSpec {
+    /// The events, in order of their offsets (equal offsets keep their order).
+    /// At most 1000.
+    #[serde(default)]
+    #[schemars(length(max = 1000))]
+    pub events: Vec<ScenarioEventSpec>,
+}
+
+/// One change at one offset: a `link` with either `set` parameters or its
+/// `state`, or a `node` with an `action`.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ScenarioEventSpec {
+    /// Offset from the scenario's start, e.g. `5s` or `2500ms` (at most 86400s, a day).
+    pub at: Duration,
+    /// The link the event changes, by name (or name a `node`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<String>,
+    /// The node the event acts on, by name (or name a `link`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// What happens to the `node`: `kill` stops its agent (SIGKILL; nothing
+    /// restarts it until a `restart` event), `restart` starts it again (the
+    /// agent gets its config and the scenario's state from the hub).
+    /// Namespace mode (`nextmini up`) only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<NodeAction>,
+    /// New parameters for both directions of the link, field by field, layered
+    /// over the link's own (and what earlier events set), as a direction
+    /// override would be. The agents change the running pipeline in place:
+    /// queued packets and the link's state stay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub set: Option<LinkParamsSpec>,
+    /// `down`: the link stops forwarding (both ends drop what they would send
+    /// on it, counted as drops); `up`: it forwards again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<LinkState>,
+}
+
+/// Whether a link forwards.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum LinkState {
+    Up,
+    Down,
+}
+
+/// What a scenario does to a node's agent.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeAction {
+    Kill,
+    Restart,
+}
