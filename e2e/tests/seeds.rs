@@ -83,12 +83,13 @@ fn the_same_seed_loses_the_same_packets() {
 const REPLAYED: &str = "replayed";
 
 /// A lossy link and a synthetic UDP flow over it, starting 3 s after the
-/// agents have it (time for the capture to attach).
+/// agents have it (time for the capture to attach), and a timeline that
+/// changes the link's delay after the flow.
 fn flow_manifest(seed: u64) -> String {
     format!(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: {REPLAYED}\nspec:\n  \
          seed: {seed}\n  nodes: [{{name: a}}, {{name: b}}]\n  links:\n    - endpoints: [a, b]\n      \
-         forward: {{loss: 5%}}\n---\napiVersion: nextmini.io/v1alpha1\nkind: Flow\nmetadata:\n  name: probe\n\
+         forward: {{loss: 5%}}\n  scenario:\n    events: [{{at: 6s, link: a-b, set: {{delay: 1ms}}}}]\n---\napiVersion: nextmini.io/v1alpha1\nkind: Flow\nmetadata:\n  name: probe\n\
          spec: {{topology: {REPLAYED}, src: a, dst: b, protocol: udp, rate: 8Mbit, size: 1MB, startDelay: 3s}}\n"
     )
 }
@@ -105,7 +106,11 @@ fn flow_losses(env: &Env) -> (BTreeSet<u32>, usize) {
         .args(["-e", "udp.payload", "-e", "frame.comment"])
         .output()
         .expect("tshark");
-    assert!(out.status.success(), "tshark: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8_lossy(&out.stdout);
     let rows: Vec<(&str, &str)> = text
         .lines()
@@ -125,19 +130,33 @@ fn a_recorded_run_comes_up_again_and_loses_the_same_packets_of_a_synthetic_flow(
     let env = Env::new("replay");
     env.apply_yaml(REPLAYED, &flow_manifest(11));
     let (first, captured) = flow_losses(&env);
+    env.wait_for("the timeline's event to take effect", Duration::from_secs(10), || {
+        env.psql("SELECT count(*) FROM scenario_timeline WHERE topology = 'replayed' AND first_applied_at IS NOT NULL") == "1"
+    });
     let record = env.state_dir.join("replayed.record.yaml");
     let record_path = record.to_str().expect("path");
     env.ok(&["results", REPLAYED, "--record", record_path]);
     let text = std::fs::read_to_string(&record).expect("the record");
     assert!(text.contains("# Seed: 11"), "{text}");
-    assert!(text.contains("kind: Flow"), "the record holds the flow: {text}");
+    assert!(
+        text.contains("kind: Flow"),
+        "the record holds the flow: {text}"
+    );
+    assert!(
+        text.contains("# Timeline (scenario events as they took effect):")
+            && text.contains("+6.000 s a-b set: planned "),
+        "the record states the timeline: {text}"
+    );
+    println!("{}", text.lines().take(6).collect::<Vec<_>>().join("\n"));
     env.ok(&["down", REPLAYED]);
 
     // Brought up again from nothing, from the record alone.
     env.ok(&["up", "-f", record_path]);
-    env.wait_for("agents to apply the record", Duration::from_secs(10), || {
-        nextmini_e2e::all_acked(&env, REPLAYED)
-    });
+    env.wait_for(
+        "agents to apply the record",
+        Duration::from_secs(10),
+        || nextmini_e2e::all_acked(&env, REPLAYED),
+    );
     let (again, _) = flow_losses(&env);
     env.ok(&["down", REPLAYED]);
 
@@ -145,9 +164,11 @@ fn a_recorded_run_comes_up_again_and_loses_the_same_packets_of_a_synthetic_flow(
     let other_record = env.state_dir.join("replayed.seed12.yaml");
     std::fs::write(&other_record, text.replace("seed: 11", "seed: 12")).expect("edited record");
     env.ok(&["up", "-f", other_record.to_str().expect("path")]);
-    env.wait_for("agents to apply the edited record", Duration::from_secs(10), || {
-        nextmini_e2e::all_acked(&env, REPLAYED)
-    });
+    env.wait_for(
+        "agents to apply the edited record",
+        Duration::from_secs(10),
+        || nextmini_e2e::all_acked(&env, REPLAYED),
+    );
     let (other, _) = flow_losses(&env);
     env.ok(&["down", REPLAYED]);
 
@@ -160,6 +181,9 @@ fn a_recorded_run_comes_up_again_and_loses_the_same_packets_of_a_synthetic_flow(
     );
     assert!(captured > 500, "only {captured} datagrams captured");
     assert!(first.len() > 10, "5% loss lost only {}", first.len());
-    assert_eq!(first, again, "the record's run must lose the same datagrams");
+    assert_eq!(
+        first, again,
+        "the record's run must lose the same datagrams"
+    );
     assert_ne!(first, other, "another seed must lose other datagrams");
 }

@@ -181,7 +181,7 @@ impl LinkHandle {
         snaplen: u32,
         count: Option<u64>,
         counters: Arc<crate::capture::TapCounters>,
-    ) -> Result<(), ()> {
+    ) -> Result<(), crate::capture::Busy> {
         {
             let mut current = self
                 .capturing
@@ -192,7 +192,7 @@ impl LinkHandle {
                 .and_then(mpsc::WeakSender::upgrade)
                 .is_some_and(|tx| !tx.is_closed())
             {
-                return Err(());
+                return Err(crate::capture::Busy);
             }
             *current = Some(tx.downgrade());
         }

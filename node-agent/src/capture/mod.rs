@@ -43,6 +43,11 @@ pub enum RequestError {
     Busy(String),
 }
 
+/// A capture of the link direction is running already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a capture of this link direction is running")]
+pub struct Busy;
+
 impl RequestError {
     fn bad(field: &str, reason: impl Into<String>) -> RequestError {
         RequestError::Bad {
@@ -117,7 +122,7 @@ pub fn start(
     let counters = Arc::new(TapCounters::default());
     let (tx, packets) = mpsc::channel(CHANNEL_PACKETS);
     link.capture(tx, request.snaplen, request.count, counters.clone())
-        .map_err(|()| RequestError::Busy(request.link.clone()))?;
+        .map_err(|Busy| RequestError::Busy(request.link.clone()))?;
     let interface = pcapng::Interface {
         name: &request.link,
         description: &format!(

@@ -854,12 +854,13 @@ fn a_trace_with_a_rate_or_out_of_order_is_refused_with_the_field() {
     );
 }
 
+/// (port, verdict, enqueued, departed, delivered, depth in packets).
+type Seen = (u16, TapVerdict, u64, Option<u64>, Option<u64>, u32);
+
 /// Keeps every record a pipeline's tap gets, up to `limit`.
 #[derive(Clone, Default)]
 struct Recorder {
-    seen: std::sync::Arc<
-        std::sync::Mutex<Vec<(u16, TapVerdict, u64, Option<u64>, Option<u64>, u32)>>,
-    >,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<Seen>>>,
     limit: usize,
 }
 

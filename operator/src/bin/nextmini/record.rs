@@ -40,7 +40,11 @@ pub async fn write(store: &Store, topology: &str, file: &Path) -> anyhow::Result
             writeln!(text, "#   {line}")?;
         }
     }
-    writeln!(text, "# Bring the run up again: nextmini up -f {}", file.display())?;
+    writeln!(
+        text,
+        "# Bring the run up again: nextmini up -f {}",
+        file.display()
+    )?;
     text.push_str(&documents);
     std::fs::write(file, text).with_context(|| format!("writing {}", file.display()))?;
     Ok(())
@@ -83,7 +87,13 @@ fn own_objects(mut m: Manifest, topology: &str) -> Manifest {
     own.config_maps = m
         .config_maps
         .into_iter()
-        .filter(|d| d.object.metadata.name.as_ref().is_some_and(|n| read.contains(n)))
+        .filter(|d| {
+            d.object
+                .metadata
+                .name
+                .as_ref()
+                .is_some_and(|n| read.contains(n))
+        })
         .collect();
     own
 }
@@ -123,7 +133,8 @@ async fn timeline(store: &Store, topology: &str) -> anyhow::Result<Vec<String>> 
                 r.get::<Option<String>, _>("planned")
                     .unwrap_or_else(|| "(not started)".into()),
                 applied.unwrap_or_else(|| "(not yet)".into()),
-                skew.map(|s| format!(", worst skew {s} µs")).unwrap_or_default(),
+                skew.map(|s| format!(", worst skew {s} µs"))
+                    .unwrap_or_default(),
                 if errors.is_empty() {
                     String::new()
                 } else {

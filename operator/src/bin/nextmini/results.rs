@@ -57,7 +57,10 @@ pub async fn results(local: &Local, args: ResultsArgs) -> anyhow::Result<i32> {
     if let Some(file) = &args.record {
         let topology = crate::tools::pick_topology(&store, args.topology.clone()).await?;
         crate::record::write(&store, &topology, file).await?;
-        println!("wrote the record of topology {topology} to {}", file.display());
+        println!(
+            "wrote the record of topology {topology} to {}",
+            file.display()
+        );
         return Ok(0);
     }
     let topology = args.topology.as_deref();
