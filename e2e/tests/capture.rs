@@ -277,7 +277,18 @@ fn a_red_link_under_load_has_its_drops_and_marks_annotated() {
     // Bounds and streaming: 40 packets of at most 64 bytes, on standard output.
     let flow = env.spawn_in("a", &["python3", "-c", UDP_SENDER, "b", "2e6", "3"]);
     let piped = env
-        .command(&["capture", "a-b", "-c", "40", "-s", "64", "-w", "-"])
+        .command(&[
+            "capture",
+            "a-b",
+            "-c",
+            "40",
+            "-s",
+            "64",
+            "--duration",
+            "30",
+            "-w",
+            "-",
+        ])
         .stderr(Stdio::piped())
         .output()
         .expect("nextmini capture -w -");

@@ -45,7 +45,9 @@ fn capture_during<T>(
         args.extend(["-c", container]);
     }
     args.extend(["--", "nextmini", "capture", link, "--node", node]);
-    args.extend(["-c", &count, "-w", "-"]);
+    // The duration only bounds a capture that would otherwise wait for
+    // packets forever (one attached after the traffic): the count is the test.
+    args.extend(["-c", &count, "--duration", "90", "-w", "-"]);
     let (captured, result) = std::thread::scope(|s| {
         let capture = s.spawn(|| c.kubectl(&args));
         // kubectl exec takes a moment before the agent attaches the tap.
