@@ -3,7 +3,7 @@
 //! bounded channel. It never waits: when the reader falls behind, packets are
 //! counted as missed instead of slowing the link.
 
-use crate::sched::{Tap, TapRecord, TapVerdict};
+use crate::sched::{PacketFate, Tap};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use tokio::sync::mpsc;
@@ -12,26 +12,12 @@ use tokio::sync::mpsc;
 /// 100 Mbit/s link's full-size packets.
 pub const CHANNEL_PACKETS: usize = 8192;
 
-/// One packet as a capture keeps it; times in Unix nanoseconds.
+/// One packet as a capture keeps it: its first `snaplen` bytes and its fate,
+/// in Unix nanoseconds.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CapturedPacket {
     pub data: Vec<u8>,
-    pub len: u32,
-    pub enqueued_ns: u64,
-    pub departed_ns: Option<u64>,
-    pub delivered_ns: Option<u64>,
-    pub queue: usize,
-    pub depth_packets: u32,
-    pub depth_bytes: u64,
-    pub verdict: TapVerdict,
-}
-
-impl CapturedPacket {
-    /// When the packet was on the link: when it left the queue, or, refused,
-    /// when it arrived.
-    pub fn timestamp_ns(&self) -> u64 {
-        self.departed_ns.unwrap_or(self.enqueued_ns)
-    }
+    pub fate: PacketFate,
 }
 
 /// Shared by a capture's two halves.
@@ -70,21 +56,13 @@ impl LinkTap {
 }
 
 impl Tap for LinkTap {
-    fn record(&mut self, r: &TapRecord<'_>) -> bool {
+    fn record(&mut self, bytes: &[u8], fate: &PacketFate) -> bool {
         if self.tx.is_closed() {
             return false;
         }
-        let unix = |t: u64| t.saturating_add(self.unix_offset_ns);
         let packet = CapturedPacket {
-            data: r.bytes[..r.bytes.len().min(self.snaplen)].to_vec(),
-            len: r.len,
-            enqueued_ns: unix(r.enqueued_ns),
-            departed_ns: r.departed_ns.map(unix),
-            delivered_ns: r.delivered_ns.map(unix),
-            queue: r.queue,
-            depth_packets: r.depth_packets,
-            depth_bytes: r.depth_bytes,
-            verdict: r.verdict,
+            data: bytes[..bytes.len().min(self.snaplen)].to_vec(),
+            fate: fate.shifted(self.unix_offset_ns),
         };
         match self.tx.try_send(packet) {
             Ok(()) => {

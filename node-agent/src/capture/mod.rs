@@ -132,7 +132,7 @@ pub fn start(
         snaplen: request.snaplen,
     };
     let encoder =
-        pcapng::Encoder::new(&interface).map_err(|e| RequestError::bad("", e.to_string()))?;
+        pcapng::Encoder::new(&interface).map_err(|e| RequestError::bad("pcapng", e.to_string()))?;
     let (out, chunks) = mpsc::channel(16);
     tokio::spawn(stream(encoder, packets, out, request.duration, counters));
     Ok(chunks)

@@ -4,7 +4,7 @@
 //! with the packets the capture itself could not keep.
 
 use super::link_tap::CapturedPacket;
-use crate::sched::TapVerdict;
+use crate::sched::{PacketFate, TapVerdict};
 use pcap_file::DataLink;
 use pcap_file::pcapng::PcapNgWriter;
 use pcap_file::pcapng::blocks::enhanced_packet::{EnhancedPacketBlock, EnhancedPacketOption};
@@ -70,12 +70,12 @@ impl Encoder {
     pub fn packet(&mut self, p: &CapturedPacket) -> Result<(), EncodeError> {
         let block = EnhancedPacketBlock {
             interface_id: 0,
-            timestamp: Duration::from_nanos(p.timestamp_ns()),
-            original_len: p.len,
+            timestamp: Duration::from_nanos(p.fate.timestamp_ns()),
+            original_len: p.fate.len,
             data: Cow::Borrowed(&p.data),
             options: vec![
                 EnhancedPacketOption::Flags(FLAG_OUTBOUND),
-                EnhancedPacketOption::Comment(Cow::Owned(annotation(p))),
+                EnhancedPacketOption::Comment(Cow::Owned(annotation(&p.fate))),
             ],
         };
         self.writer.write_pcapng_block(block)?;
@@ -109,7 +109,7 @@ impl Encoder {
 /// The packet's comment: `key=value` words, stable for scripts
 /// (`tshark -T fields -e frame.comment`). Times are Unix seconds with
 /// nanoseconds; depth is what the queue held when the packet arrived.
-pub fn annotation(p: &CapturedPacket) -> String {
+pub fn annotation(p: &PacketFate) -> String {
     use std::fmt::Write;
     let mut s = format!(
         "nextmini verdict={} queue={} depth_packets={} depth_bytes={} enqueued={}",

@@ -54,7 +54,7 @@ pub use pipeline::{
 pub use queue::QueueState;
 pub use scheduler::Scheduler;
 pub use shaper::{Shaper, TokenBucket};
-pub use tap::{Tap, TapRecord, TapVerdict};
+pub use tap::{PacketFate, Tap, TapVerdict};
 pub use trace_shaper::TraceShaper;
 
 /// The random number generator every scheme draws from: small, fast, seedable.

@@ -18,7 +18,7 @@ use super::queue::{Entry, QueueState, Queues};
 use super::scheduler::{Drr, Fcfs, Scheduler, StrictPriority, Wrr};
 use super::schemes::{self, LinkContext};
 use super::shaper::{Shaper, TokenBucket};
-use super::tap::{Tap, TapRecord, TapVerdict};
+use super::tap::{PacketFate, Tap, TapVerdict};
 use super::trace_shaper::TraceShaper;
 use super::{PacketMeta, Payload};
 use nextmini_proto::v1::LinkParams;
@@ -591,8 +591,7 @@ impl<P: Payload> Pipeline<P> {
         let Some(tap) = self.tap.as_mut() else {
             return;
         };
-        let record = TapRecord {
-            bytes: payload.bytes(),
+        let fate = PacketFate {
             len: meta.len,
             enqueued_ns: now,
             departed_ns: None,
@@ -602,7 +601,7 @@ impl<P: Payload> Pipeline<P> {
             depth_bytes: state.bytes,
             verdict: TapVerdict::Dropped(cause),
         };
-        if !tap.record(&record) {
+        if !tap.record(payload.bytes(), &fate) {
             self.tap = None;
         }
     }
@@ -625,8 +624,7 @@ impl<P: Payload> Pipeline<P> {
                 copies,
             }
         };
-        let record = TapRecord {
-            bytes: entry.payload.bytes(),
+        let fate = PacketFate {
             len: entry.meta.len,
             enqueued_ns: entry.arrival,
             departed_ns: Some(at),
@@ -636,7 +634,7 @@ impl<P: Payload> Pipeline<P> {
             depth_bytes: entry.depth_bytes,
             verdict,
         };
-        if !tap.record(&record) {
+        if !tap.record(entry.payload.bytes(), &fate) {
             self.tap = None;
         }
     }

@@ -33,11 +33,10 @@ impl TapVerdict {
     }
 }
 
-/// One packet's record, in the pipeline's clock (ns from the owner's epoch).
+/// What the link did to one packet, in one clock (the pipeline's: ns from the
+/// owner's epoch; a capture moves it to Unix time with [`PacketFate::shifted`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TapRecord<'a> {
-    /// The packet as queued (before any corruption the impairment applies).
-    pub bytes: &'a [u8],
+pub struct PacketFate {
     /// Its length on the emulated link (a super-packet's whole length).
     pub len: u32,
     pub enqueued_ns: u64,
@@ -53,9 +52,29 @@ pub struct TapRecord<'a> {
     pub verdict: TapVerdict,
 }
 
-/// Receives every packet's record. Returns false once it wants no more (its
+impl PacketFate {
+    /// The same fate with every time moved by `offset_ns`.
+    pub fn shifted(self, offset_ns: u64) -> PacketFate {
+        let at = |t: u64| t.saturating_add(offset_ns);
+        PacketFate {
+            enqueued_ns: at(self.enqueued_ns),
+            departed_ns: self.departed_ns.map(at),
+            delivered_ns: self.delivered_ns.map(at),
+            ..self
+        }
+    }
+
+    /// When the packet was on the link: when it left the queue, or, refused,
+    /// when it arrived.
+    pub fn timestamp_ns(&self) -> u64 {
+        self.departed_ns.unwrap_or(self.enqueued_ns)
+    }
+}
+
+/// Receives every packet's bytes (as queued, before any corruption the
+/// impairment applies) and fate. Returns false once it wants no more (its
 /// reader is gone, or it has what it asked for): the pipeline then drops it.
 /// Called on the packet path, so it must not block.
 pub trait Tap: Send + Sync {
-    fn record(&mut self, record: &TapRecord<'_>) -> bool;
+    fn record(&mut self, bytes: &[u8], fate: &PacketFate) -> bool;
 }

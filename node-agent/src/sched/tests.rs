@@ -865,9 +865,9 @@ struct Recorder {
 }
 
 impl Tap for Recorder {
-    fn record(&mut self, r: &TapRecord<'_>) -> bool {
+    fn record(&mut self, bytes: &[u8], r: &PacketFate) -> bool {
         let mut seen = self.seen.lock().expect("not poisoned");
-        let port = u16::from_be_bytes([r.bytes[22], r.bytes[23]]);
+        let port = u16::from_be_bytes([bytes[22], bytes[23]]);
         seen.push((
             port,
             r.verdict,

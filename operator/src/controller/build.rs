@@ -155,6 +155,24 @@ fn agent_args(topology: &str, node: &PlannedNode, settings: &Settings) -> Vec<St
     args
 }
 
+/// The environment of agent and worker containers: their log filter, and the
+/// topology, so that `nextmini exec` and `nextmini capture` run in the pod
+/// find it.
+fn pod_env(topology: &str, settings: &Settings) -> Vec<EnvVar> {
+    vec![
+        EnvVar {
+            name: "RUST_LOG".into(),
+            value: Some(settings.agent_log.clone()),
+            ..Default::default()
+        },
+        EnvVar {
+            name: "NEXTMINI_TOPOLOGY".into(),
+            value: Some(topology.to_string()),
+            ..Default::default()
+        },
+    ]
+}
+
 fn agent_pod(
     owner: &Topology,
     topology: &str,
@@ -169,19 +187,7 @@ fn agent_pod(
         image_pull_policy: Some(settings.agent_image_pull_policy.clone()),
         command: Some(vec!["nextmini-agent".into()]),
         args: Some(agent_args(topology, node, settings)),
-        env: Some(vec![
-            EnvVar {
-                name: "RUST_LOG".into(),
-                value: Some(settings.agent_log.clone()),
-                ..Default::default()
-            },
-            // `nextmini capture` in the pod finds the topology.
-            EnvVar {
-                name: "NEXTMINI_TOPOLOGY".into(),
-                value: Some(topology.to_string()),
-                ..Default::default()
-            },
-        ]),
+        env: Some(pod_env(topology, settings)),
         // The TUN device needs NET_ADMIN and nothing else.
         security_context: Some(SecurityContext {
             capabilities: Some(Capabilities {
@@ -335,19 +341,7 @@ fn worker_pod(
             "--hosts-dir".into(),
             HOSTS_DIR.into(),
         ]),
-        env: Some(vec![
-            EnvVar {
-                name: "RUST_LOG".into(),
-                value: Some(settings.agent_log.clone()),
-                ..Default::default()
-            },
-            // `nextmini exec <node> -- …` in the pod finds the topology.
-            EnvVar {
-                name: "NEXTMINI_TOPOLOGY".into(),
-                value: Some(topology.clone()),
-                ..Default::default()
-            },
-        ]),
+        env: Some(pod_env(topology, settings)),
         // NET_ADMIN for the TUN devices; SYS_ADMIN to make network namespaces
         // and mount them under /run/netns, and to give each node a cgroup.
         security_context: Some(SecurityContext {

@@ -1,7 +1,10 @@
 //! Timed scenarios from YAML: events planned into the full parameters each
 //! direction has from its instant on, and every rule refused naming its field.
 
-use super::tests::{plan, plan_errors};
+use super::tests::{expect, plan, plan_errors};
+
+/// The document every case's errors name.
+const DOC: &str = "t.yaml document 1 (Topology/t)";
 use super::*;
 use std::time::Duration;
 
@@ -97,12 +100,7 @@ fn scenario_mistakes_are_refused_naming_the_field() {
     ];
     for (events, field, says) in cases {
         let errors = plan_errors("t.yaml", &topology(events));
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.field == field && e.reason.contains(says)),
-            "{events}: expected {field}: …{says}…, got {errors:?}"
-        );
+        expect(&errors, DOC, field, says);
     }
 }
 
@@ -149,11 +147,6 @@ fn node_events_name_a_node_and_an_action() {
         ),
     ] {
         let errors = plan_errors("t.yaml", &topology(events));
-        assert!(
-            errors
-                .iter()
-                .any(|e| e.field == field && e.reason.contains(says)),
-            "{events}: expected {field}: …{says}…, got {errors:?}"
-        );
+        expect(&errors, DOC, field, says);
     }
 }

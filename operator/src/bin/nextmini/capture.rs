@@ -8,6 +8,7 @@ use anyhow::{Context, bail};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty};
 use hyper_util::rt::TokioIo;
+use pcap_file::pcapng::blocks::interface_statistics::InterfaceStatisticsOption;
 use pcap_file::pcapng::{Block, PcapNgParser};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -198,7 +199,7 @@ impl Tally {
                 Block::EnhancedPacket(_) => self.packets += 1,
                 Block::InterfaceStatistics(s) => {
                     self.missed = s.options.iter().find_map(|o| match o {
-                        pcap_file::pcapng::blocks::interface_statistics::InterfaceStatisticsOption::IsbIfDrop(n) => Some(*n),
+                        InterfaceStatisticsOption::IsbIfDrop(n) => Some(*n),
                         _ => None,
                     })
                 }
