@@ -98,8 +98,8 @@ impl Dataplane {
             tun_name,
             identity: None,
             context: None,
+            scenario: crate::scenario::Runner::new(links.clone(), routes.clone()),
             routes,
-            scenario: crate::scenario::Runner::new(links.clone()),
             links,
             counters: Arc::new(NodeCounters::default()),
             generation: 0,
@@ -265,7 +265,8 @@ impl Dataplane {
         // Links the scenario took down stay down (their parameters were
         // already taken from it in `build_links`).
         self.scenario.reassert();
-        self.routes.store(Arc::new(table));
+        // With the route events' rules in force on top.
+        self.scenario.install_routes(table);
         self.relay.view.store(Arc::new(view));
         self.generation = generation;
         self.agent.set_generation(generation);

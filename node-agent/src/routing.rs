@@ -111,14 +111,20 @@ impl<L> Weighted<L> {
     }
 }
 
-/// A flow rule with its unset fields as `None`.
-#[derive(Clone, Debug)]
-struct Rule {
+/// What traffic a flow rule takes, with its unset fields as `None`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct RuleMatch {
     src: Option<IpAddr>,
     dst: Option<IpAddr>,
     src_port: Option<u16>,
     dst_port: Option<u16>,
     protocol: Option<u8>,
+}
+
+/// A flow rule: matching traffic takes `route`.
+#[derive(Clone, Debug)]
+struct Rule {
+    matching: RuleMatch,
     route: RuleRoute,
 }
 
@@ -138,7 +144,7 @@ impl RuleRoute {
     }
 }
 
-impl Rule {
+impl RuleMatch {
     fn matches(&self, key: &FlowKey) -> bool {
         self.src.is_none_or(|a| a == key.src)
             && self.dst.is_none_or(|a| a == key.dst)
@@ -254,74 +260,7 @@ impl<L> RouteTable<L> {
 
         let mut rules = Vec::with_capacity(table.flow_rules.len());
         for (i, rule) in table.flow_rules.iter().enumerate() {
-            let used_by = || format!("flow rule #{i}");
-            let optional_addr = |s: &str| {
-                if s.is_empty() {
-                    Ok(None)
-                } else {
-                    parse_addr(s, &used_by).map(Some)
-                }
-            };
-            let small = |field: &'static str, value: u32, max: u32| {
-                if value <= max {
-                    Ok(value)
-                } else {
-                    Err(RouteError::OutOfRange {
-                        rule: i,
-                        field,
-                        value,
-                    })
-                }
-            };
-            // A rule names one route, or weighted choices among several.
-            let choices: Vec<(u32, u32)> = if rule.choices.is_empty() {
-                vec![(rule.route_id, 1)]
-            } else {
-                rule.choices
-                    .iter()
-                    .map(|c| (c.route_id, c.weight.max(1)))
-                    .collect()
-            };
-            for &(route_id, _) in &choices {
-                if route_id == 0 {
-                    return Err(RouteError::ZeroRouteId { used_by: used_by() });
-                }
-                if !labels.contains_key(&route_id) {
-                    return Err(RouteError::RuleWithoutLabel { rule: i, route_id });
-                }
-            }
-            let route = match choices.as_slice() {
-                [(id, _)] => RuleRoute::One(*id),
-                many => {
-                    let mut bounds = Vec::with_capacity(many.len());
-                    let mut ids = Vec::with_capacity(many.len());
-                    let mut total = 0u64;
-                    let mut salt = Fnv1a::new();
-                    for &(id, weight) in many {
-                        total += u64::from(weight);
-                        bounds.push(total);
-                        ids.push(id);
-                        salt.write(&id.to_be_bytes());
-                    }
-                    RuleRoute::Weighted(Weighted {
-                        bounds,
-                        links: ids,
-                        salt: salt.finish(),
-                    })
-                }
-            };
-            // Proto3 has no u16/u8; 0 doubles as "unset", which also means "any".
-            let src_port = small("src_port", rule.src_port, u32::from(u16::MAX))? as u16;
-            let dst_port = small("dst_port", rule.dst_port, u32::from(u16::MAX))? as u16;
-            let protocol = small("protocol", rule.protocol, u32::from(u8::MAX))? as u8;
-            rules.push(Rule {
-                src: optional_addr(&rule.src_addr)?,
-                dst: optional_addr(&rule.dst_addr)?,
-                src_port: (src_port != 0).then_some(src_port),
-                dst_port: (dst_port != 0).then_some(dst_port),
-                protocol: (protocol != 0).then_some(protocol),
-                route,
-            });
+            rules.push(parse_rule(i, rule, &labels)?);
         }
 
         Ok(RouteTable {
@@ -340,6 +279,29 @@ impl<L> RouteTable<L> {
 }
 
 impl<L: Clone> RouteTable<L> {
+    /// This table with a timed scenario's flow rules on top (scenario.rs):
+    /// each replaces the table's rules with the same match and goes first, the
+    /// latest first. Their routes need label routes at this node, which the
+    /// hub installs along every scenario path from the start; a rule that
+    /// cannot apply is left out and returned with its error, so the others
+    /// and the table still hold.
+    pub fn with_rule_overrides(
+        mut self,
+        overrides: &[pb::FlowRule],
+    ) -> (Self, Vec<(usize, RouteError)>) {
+        let mut refused = Vec::new();
+        for (i, over) in overrides.iter().enumerate() {
+            match parse_rule(i, over, &self.labels) {
+                Ok(rule) => {
+                    self.rules.retain(|r| r.matching != rule.matching);
+                    self.rules.insert(0, rule);
+                }
+                Err(e) => refused.push((i, e)),
+            }
+        }
+        (self, refused)
+    }
+
     /// Where a packet goes. `label` is the frame's label (0 for packets from the TUN
     /// device or frames routed by destination). Does not allocate; `L` should be cheap
     /// to clone (an index or an `Arc`).
@@ -347,7 +309,7 @@ impl<L: Clone> RouteTable<L> {
         if label != 0 {
             return self.follow_label(label);
         }
-        if let Some(rule) = self.rules.iter().find(|r| r.matches(key)) {
+        if let Some(rule) = self.rules.iter().find(|r| r.matching.matches(key)) {
             return match rule.route.pick(key) {
                 Some(route_id) => self.follow_label(route_id),
                 None => Decision::Drop(DropReason::NoRoute),
@@ -380,6 +342,90 @@ impl<L: Clone> RouteTable<L> {
             },
         }
     }
+}
+
+/// The match of flow rule `i`: its addresses and ranges checked.
+fn parse_match(i: usize, rule: &pb::FlowRule) -> Result<RuleMatch, RouteError> {
+    let used_by = || format!("flow rule #{i}");
+    let optional_addr = |s: &str| {
+        if s.is_empty() {
+            Ok(None)
+        } else {
+            parse_addr(s, &used_by).map(Some)
+        }
+    };
+    let small = |field: &'static str, value: u32, max: u32| {
+        if value <= max {
+            Ok(value)
+        } else {
+            Err(RouteError::OutOfRange {
+                rule: i,
+                field,
+                value,
+            })
+        }
+    };
+    // Proto3 has no u16/u8; 0 doubles as "unset", which also means "any".
+    let src_port = small("src_port", rule.src_port, u32::from(u16::MAX))? as u16;
+    let dst_port = small("dst_port", rule.dst_port, u32::from(u16::MAX))? as u16;
+    let protocol = small("protocol", rule.protocol, u32::from(u8::MAX))? as u8;
+    Ok(RuleMatch {
+        src: optional_addr(&rule.src_addr)?,
+        dst: optional_addr(&rule.dst_addr)?,
+        src_port: (src_port != 0).then_some(src_port),
+        dst_port: (dst_port != 0).then_some(dst_port),
+        protocol: (protocol != 0).then_some(protocol),
+    })
+}
+
+/// Flow rule `i`, whose routes must have label routes at this node.
+fn parse_rule<L>(
+    i: usize,
+    rule: &pb::FlowRule,
+    labels: &HashMap<u32, Hop<L>>,
+) -> Result<Rule, RouteError> {
+    let used_by = || format!("flow rule #{i}");
+    // A rule names one route, or weighted choices among several.
+    let choices: Vec<(u32, u32)> = if rule.choices.is_empty() {
+        vec![(rule.route_id, 1)]
+    } else {
+        rule.choices
+            .iter()
+            .map(|c| (c.route_id, c.weight.max(1)))
+            .collect()
+    };
+    for &(route_id, _) in &choices {
+        if route_id == 0 {
+            return Err(RouteError::ZeroRouteId { used_by: used_by() });
+        }
+        if !labels.contains_key(&route_id) {
+            return Err(RouteError::RuleWithoutLabel { rule: i, route_id });
+        }
+    }
+    let route = match choices.as_slice() {
+        [(id, _)] => RuleRoute::One(*id),
+        many => {
+            let mut bounds = Vec::with_capacity(many.len());
+            let mut ids = Vec::with_capacity(many.len());
+            let mut total = 0u64;
+            let mut salt = Fnv1a::new();
+            for &(id, weight) in many {
+                total += u64::from(weight);
+                bounds.push(total);
+                ids.push(id);
+                salt.write(&id.to_be_bytes());
+            }
+            RuleRoute::Weighted(Weighted {
+                bounds,
+                links: ids,
+                salt: salt.finish(),
+            })
+        }
+    };
+    Ok(Rule {
+        matching: parse_match(i, rule)?,
+        route,
+    })
 }
 
 fn parse_addr(s: &str, used_by: &dyn Fn() -> String) -> Result<IpAddr, RouteError> {
@@ -593,6 +639,82 @@ mod tests {
             Decision::Forward {
                 link: link("a-b"),
                 label: 0
+            }
+        );
+    }
+
+    #[test]
+    fn scenario_rules_replace_the_same_match_and_go_first() {
+        let to_d_5201 = FlowKey {
+            dst_port: 5201,
+            ..key(4, 1)
+        };
+        let udp_to_d = FlowKey {
+            protocol: PROTO_UDP,
+            ..key(4, 1)
+        };
+        let over = |route_id: u32, dst_port: u32, protocol: u8| pb::FlowRule {
+            dst_addr: addr(4).to_string(),
+            dst_port,
+            protocol: u32::from(protocol),
+            route_id,
+            ..Default::default()
+        };
+        // The table's own rule for d:5201 takes label 9; the scenario's rule
+        // with the same match moves it to label 7 and leaves other traffic.
+        let (t, refused) = node_a().with_rule_overrides(&[over(7, 5201, 0)]);
+        assert!(refused.is_empty());
+        assert_eq!(
+            t.lookup(&to_d_5201, 0),
+            Decision::Forward {
+                link: link("a-c"),
+                label: 7
+            }
+        );
+        assert_eq!(
+            t.lookup(&key(2, 1), 0),
+            Decision::Forward {
+                link: link("a-b"),
+                label: 0
+            }
+        );
+        // A scenario rule goes before the table's: UDP to d matched the
+        // table's UDP rule (label 7), now the scenario's (label 9).
+        let (t, _) = node_a().with_rule_overrides(&[over(9, 0, PROTO_UDP)]);
+        assert_eq!(
+            t.lookup(&udp_to_d, 0),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 9
+            }
+        );
+        // No overrides: the table as it was.
+        let (t, _) = node_a().with_rule_overrides(&[]);
+        assert_eq!(
+            t.lookup(&to_d_5201, 0),
+            Decision::Forward {
+                link: link("a-d"),
+                label: 9
+            }
+        );
+        // A route without a label route here is refused, naming it; the
+        // other overrides still apply.
+        let (t, refused) = node_a().with_rule_overrides(&[over(42, 0, 0), over(7, 5201, 0)]);
+        assert_eq!(
+            refused
+                .iter()
+                .map(|(i, e)| (*i, e.to_string()))
+                .collect::<Vec<_>>(),
+            [(
+                0,
+                "flow rule #0: no label route with route id 42 at this node".to_string()
+            )]
+        );
+        assert_eq!(
+            t.lookup(&to_d_5201, 0),
+            Decision::Forward {
+                link: link("a-c"),
+                label: 7
             }
         );
     }

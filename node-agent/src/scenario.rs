@@ -6,11 +6,14 @@
 //! an event on every agent it touches within a millisecond or so.
 //!
 //! What an event changed stays in force over later snapshots (`params_for`,
-//! `reassert`): the stored link parameters are the scenario's starting point,
-//! not a value to return to whenever the hub sends the config again.
+//! `reassert`, `install_routes`): the stored link parameters and routes are
+//! the scenario's starting point, not a value to return to whenever the hub
+//! sends the config again.
 
 use crate::link::LinkHandle;
 use crate::listener::LinkMap;
+use crate::processor::Routes;
+use crate::routing::RouteTable;
 use crate::timer::PreciseTimer;
 use nextmini_proto::v1 as pb;
 use std::collections::{HashMap, HashSet};
@@ -23,18 +26,43 @@ use tokio::sync::mpsc;
 /// monotonic and the wall clock does not reach the instant.
 const REAIM: Duration = Duration::from_millis(20);
 
-/// What the scenario has changed so far, per link: applied again after every
-/// snapshot or delta, which carry the stored parameters.
-#[derive(Debug, Default)]
+/// What the scenario has changed so far: applied again after every snapshot
+/// or delta, which carry the stored parameters and routes.
+#[derive(Default)]
 struct Overrides {
     params: HashMap<String, pb::LinkParams>,
     down: HashSet<String>,
+    /// Route events' rules in force, oldest first.
+    rules: Vec<pb::FlowRule>,
+    /// The table the hub's config gives, without the rules above: what a
+    /// route event layers its rules on.
+    base: Option<Arc<RouteTable<Arc<LinkHandle>>>>,
+}
+
+impl Overrides {
+    /// Installs the base table with the scenario's rules on top; says which
+    /// rules could not apply.
+    fn install(&self, routes: &Routes) -> Vec<String> {
+        let Some(base) = &self.base else {
+            return Vec::new();
+        };
+        let (table, refused) = RouteTable::clone(base).with_rule_overrides(&self.rules);
+        routes.store(Arc::new(table));
+        refused.into_iter().map(|(_, e)| e.to_string()).collect()
+    }
+}
+
+/// Whether two rules match the same traffic (a later one replaces the other).
+fn same_match(a: &pb::FlowRule, b: &pb::FlowRule) -> bool {
+    (&a.src_addr, &a.dst_addr, a.src_port, a.dst_port, a.protocol)
+        == (&b.src_addr, &b.dst_addr, b.src_port, b.dst_port, b.protocol)
 }
 
 /// The agent's scenario runner: schedules events, keeps their effects, and
 /// queues reports of when they took effect for the control stream.
 pub struct Runner {
     links: LinkMap,
+    routes: Routes,
     overrides: Arc<Mutex<Overrides>>,
     /// (start, index) of every event scheduled, so a repeated Scenario message
     /// (after a reconnect) schedules nothing twice.
@@ -44,10 +72,11 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(links: LinkMap) -> Runner {
+    pub fn new(links: LinkMap, routes: Routes) -> Runner {
         let (reports_tx, reports_rx) = mpsc::unbounded_channel();
         Runner {
             links,
+            routes,
             overrides: Arc::default(),
             known: HashSet::new(),
             reports_tx,
@@ -79,6 +108,7 @@ impl Runner {
         );
         let task = Task {
             links: self.links.clone(),
+            routes: self.routes.clone(),
             overrides: self.overrides.clone(),
             reports: self.reports_tx.clone(),
             mtu,
@@ -101,6 +131,17 @@ impl Runner {
             link.set_down(overrides.down.contains(&link.spec.name));
         }
     }
+
+    /// Installs a route table built from the hub's config, with the route
+    /// events' rules in force on top. Under the same lock as an event's
+    /// change, so an event at the same moment is not lost to the swap.
+    pub fn install_routes(&self, table: RouteTable<Arc<LinkHandle>>) {
+        let mut overrides = lock(&self.overrides);
+        overrides.base = Some(Arc::new(table));
+        for error in overrides.install(&self.routes) {
+            tracing::warn!(%error, "a scenario route rule no longer applies to the new routes");
+        }
+    }
 }
 
 fn lock(overrides: &Mutex<Overrides>) -> std::sync::MutexGuard<'_, Overrides> {
@@ -112,6 +153,7 @@ fn lock(overrides: &Mutex<Overrides>) -> std::sync::MutexGuard<'_, Overrides> {
 
 struct Task {
     links: LinkMap,
+    routes: Routes,
     overrides: Arc<Mutex<Overrides>>,
     reports: mpsc::UnboundedSender<pb::ScenarioApplied>,
     mtu: u32,
@@ -154,8 +196,12 @@ impl Task {
         }
     }
 
-    /// Applies one event to this node's end of its link; says what it did.
+    /// Applies one event to this node's end of its link, or to its routes;
+    /// says what it did.
     fn apply(&self, event: &pb::ScenarioEvent) -> Result<&'static str, String> {
+        if let Some(pb::scenario_event::Change::Route(rule)) = &event.change {
+            return self.apply_route(rule);
+        }
         let links = self.links.load();
         let link: &Arc<LinkHandle> = links
             .get(&event.link)
@@ -180,8 +226,38 @@ impl Task {
                     Ok("down")
                 }
             }
-            None => Err("the event changes nothing".into()),
+            Some(pb::scenario_event::Change::Route(_)) | None => {
+                Err("the event changes nothing".into())
+            }
         }
+    }
+
+    /// A route event: the rule replaces the scenario's rule with the same
+    /// match (route 0 ends it) and the table is swapped in one store.
+    fn apply_route(&self, rule: &pb::FlowRule) -> Result<&'static str, String> {
+        let mut overrides = lock(&self.overrides);
+        if overrides.base.is_none() {
+            return Err("this node has no routes yet".into());
+        }
+        let before = std::mem::take(&mut overrides.rules);
+        let mut rules: Vec<pb::FlowRule> = before
+            .iter()
+            .filter(|r| !same_match(r, rule))
+            .cloned()
+            .collect();
+        let ends = rule.route_id == 0 && rule.choices.is_empty();
+        if !ends {
+            rules.push(rule.clone());
+        }
+        overrides.rules = rules;
+        let refused = overrides.install(&self.routes);
+        if !refused.is_empty() {
+            // Only the new rule can fail here: the others applied before.
+            overrides.rules = before;
+            overrides.install(&self.routes);
+            return Err(format!("route: {}", refused.join("; ")));
+        }
+        Ok(if ends { "route ended" } else { "route" })
     }
 }
 
@@ -242,7 +318,7 @@ mod tests {
     #[tokio::test]
     async fn an_event_for_a_missing_link_is_reported_with_its_error() {
         let links: LinkMap = Arc::default();
-        let mut runner = Runner::new(links);
+        let mut runner = Runner::new(links, Arc::default());
         let mut reports = runner.take_reports().expect("reports");
         let at = unix_ns_now();
         let scenario = pb::Scenario {
@@ -266,5 +342,80 @@ mod tests {
                 .is_err(),
             "an event was applied twice"
         );
+    }
+
+    #[tokio::test]
+    async fn route_events_swap_the_table_at_the_source_and_survive_new_configs() {
+        use crate::flow::FlowKey;
+        use crate::routing::Decision;
+        use std::net::{IpAddr, Ipv4Addr};
+        let routes: Routes = Arc::default();
+        let mut runner = Runner::new(Arc::default(), routes.clone());
+        let mut reports = runner.take_reports().expect("reports");
+        // A table with no destination routes and one label route ending here,
+        // so the decisions need no links: only a rule makes traffic Local.
+        let table = || {
+            RouteTable::from_proto(
+                &pb::RouteTable {
+                    labels: vec![pb::LabelRoute {
+                        route_id: 7,
+                        next_link: String::new(),
+                    }],
+                    ..Default::default()
+                },
+                |_| None,
+            )
+            .expect("valid table")
+        };
+        runner.install_routes(table());
+        let key = FlowKey {
+            src: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 1)),
+            dst: IpAddr::V4(Ipv4Addr::new(198, 18, 0, 3)),
+            protocol: 6,
+            src_port: 40000,
+            dst_port: 5201,
+        };
+        let decision = || routes.load().lookup(&key, 0);
+        assert!(matches!(decision(), Decision::Drop(_)));
+        let rule = |route_id: u32| pb::FlowRule {
+            src_addr: "198.18.0.1".into(),
+            dst_addr: "198.18.0.3".into(),
+            dst_port: 5201,
+            protocol: 6,
+            route_id,
+            ..Default::default()
+        };
+        let event = |index: u32, route_id: u32| pb::ScenarioEvent {
+            index,
+            at_unix_ns: unix_ns_now(),
+            link: String::new(),
+            change: Some(pb::scenario_event::Change::Route(rule(route_id))),
+        };
+        let run = |runner: &mut Runner, e: pb::ScenarioEvent| {
+            runner.schedule(
+                pb::Scenario {
+                    start_unix_ns: 1,
+                    events: vec![e],
+                },
+                1500,
+            )
+        };
+        run(&mut runner, event(0, 7));
+        let report = reports.recv().await.expect("a report");
+        assert_eq!(report.events[0].error, "", "{report:?}");
+        assert!(matches!(decision(), Decision::Local));
+        // The hub's next config carries its own table: the rule stays on top.
+        runner.install_routes(table());
+        assert!(matches!(decision(), Decision::Local));
+        // A route this node has no label for is refused and changes nothing.
+        run(&mut runner, event(1, 42));
+        let report = reports.recv().await.expect("a report");
+        assert!(report.events[0].error.contains("42"), "{report:?}");
+        assert!(matches!(decision(), Decision::Local));
+        // Route 0 ends the rule: the stored routing again.
+        run(&mut runner, event(2, 0));
+        let report = reports.recv().await.expect("a report");
+        assert_eq!(report.events[0].error, "", "{report:?}");
+        assert!(matches!(decision(), Decision::Drop(_)));
     }
 }

@@ -28,7 +28,9 @@ pub use flow::{
 };
 pub use link::{Link, LinkSpec, LinkStatus};
 pub use params::{JitterDistribution, LinkDefaultsSpec, LinkParamsSpec};
-pub use scenario::{LinkState, MAX_SCENARIO_EVENTS, NodeAction, ScenarioEventSpec, ScenarioSpec};
+pub use scenario::{
+    LinkState, MAX_SCENARIO_EVENTS, NodeAction, RouteEventSpec, ScenarioEventSpec, ScenarioSpec,
+};
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,

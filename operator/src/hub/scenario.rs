@@ -5,7 +5,7 @@
 //! report back is stored with the instant each event took effect.
 
 use super::{Hub, SessionKey};
-use crate::plan::{EventChange, Plan};
+use crate::plan::{EventChange, Plan, RouteChange};
 use crate::store::AppliedRow;
 use chrono::{DateTime, Utc};
 use nextmini_proto::v1 as pb;
@@ -40,6 +40,19 @@ pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::S
         .iter()
         .enumerate()
         .filter_map(|(i, event)| {
+            if let EventChange::Route(route) = &event.change {
+                return (event.target == node)
+                    .then(|| route_event(plan, node, route))
+                    .flatten()
+                    .and_then(|rule| {
+                        Some(pb::ScenarioEvent {
+                            index: u32::try_from(i).ok()?,
+                            at_unix_ns: unix_ns(planned_at(plan, start, i)?),
+                            link: String::new(),
+                            change: Some(pb::scenario_event::Change::Route(rule)),
+                        })
+                    });
+            }
             // A node's events are the local runtime's (runtime/scenario_nodes.rs).
             let link = plan.links.iter().find(|l| l.name == event.target)?;
             let change = match &event.change {
@@ -66,6 +79,28 @@ pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::S
         start_unix_ns: unix_ns(start),
         events,
     }
+}
+
+/// The flow rule a route event's source node applies: the event's match,
+/// and its route (0 when the event ends the scenario's rule for the match).
+fn route_event(plan: &Plan, src: &str, route: &RouteChange) -> Option<pb::FlowRule> {
+    let src = plan.node(src)?;
+    let dst = plan.node(&route.dst)?;
+    let route_id = match (&route.path, route.route_id) {
+        (None, _) => 0,
+        (Some(_), Some(id)) => id,
+        // A path whose route was never stored: nothing to send traffic onto.
+        (Some(_), None) => return None,
+    };
+    Some(pb::FlowRule {
+        src_addr: src.overlay.to_string(),
+        dst_addr: dst.overlay.to_string(),
+        src_port: route.src_port.map_or(0, u32::from),
+        dst_port: route.dst_port.map_or(0, u32::from),
+        protocol: route.protocol.map_or(0, u32::from),
+        route_id,
+        choices: Vec::new(),
+    })
 }
 
 /// What one session told its agent about the scenario.
@@ -170,7 +205,7 @@ pub(super) async fn store_applied(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::plan::{DirectionPair, LinkParams, PlannedEvent};
+    use crate::plan::{DirectionPair, LinkParams, PlannedEvent, RouteChange};
 
     #[test]
     fn each_end_gets_its_own_direction_at_the_absolute_instant() {
@@ -227,5 +262,62 @@ mod tests {
             .find(|n| n.name != link.dialer && n.name != link.acceptor)
             .expect("a third node");
         assert!(events_for(&plan, &other.name, start).events.is_empty());
+    }
+
+    #[test]
+    fn a_route_event_goes_to_its_source_with_the_stored_route() {
+        let mut plan = crate::plan::fixtures::line3();
+        let (src, dst) = (plan.nodes[0].clone(), plan.nodes[2].clone());
+        let route = |path: Option<Vec<String>>, route_id: Option<u32>| {
+            EventChange::Route(Box::new(RouteChange {
+                dst: dst.name.clone(),
+                protocol: Some(6),
+                src_port: None,
+                dst_port: Some(5201),
+                path,
+                route_id,
+            }))
+        };
+        let path: Vec<String> = plan.nodes.iter().map(|n| n.name.clone()).collect();
+        plan.scenario = vec![
+            PlannedEvent {
+                at: Duration::from_secs(1),
+                target: src.name.clone(),
+                change: route(Some(path.clone()), Some(7)),
+            },
+            PlannedEvent {
+                at: Duration::from_secs(2),
+                target: src.name.clone(),
+                change: route(None, None),
+            },
+            // A path never stored has no route to send traffic onto.
+            PlannedEvent {
+                at: Duration::from_secs(3),
+                target: src.name.clone(),
+                change: route(Some(path), None),
+            },
+        ];
+        let start = DateTime::from_timestamp(1_700_000_000, 0).expect("time");
+        let events = events_for(&plan, &src.name, start).events;
+        let rules: Vec<(u32, pb::FlowRule)> = events
+            .into_iter()
+            .map(|e| match e.change {
+                Some(pb::scenario_event::Change::Route(rule)) => (e.index, rule),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(rules.len(), 2, "{rules:?}");
+        let (index, rule) = &rules[0];
+        assert_eq!(*index, 0);
+        assert_eq!(rule.src_addr, src.overlay.to_string());
+        assert_eq!(rule.dst_addr, dst.overlay.to_string());
+        assert_eq!((rule.protocol, rule.dst_port, rule.src_port), (6, 5201, 0));
+        assert_eq!(rule.route_id, 7);
+        assert_eq!((rules[1].0, rules[1].1.route_id), (1, 0));
+        // Only the source applies it: the path's other nodes know the route
+        // from their snapshots.
+        for other in &plan.nodes[1..] {
+            assert!(events_for(&plan, &other.name, start).events.is_empty());
+        }
     }
 }

@@ -62,7 +62,15 @@ pub(crate) fn check(draft: &Draft, graph: &Graph, errors: &mut ValidationErrors)
             continue;
         }
         let route_ok = match &spec.path {
-            Some(path) => check_path(draft, graph, origin, spec, path, errors),
+            Some(path) => check_path(
+                draft,
+                graph,
+                origin,
+                "spec.path",
+                (&spec.src, &spec.dst),
+                path,
+                errors,
+            ),
             None => match (src, dst) {
                 (Some(s), Some(d)) if components[s] != components[d] => {
                     errors.push(
@@ -229,12 +237,14 @@ fn workload(origin: &str, spec: &FlowSpec, errors: &mut ValidationErrors) {
     }
 }
 
-/// Checks an explicit path; true when it is usable.
-fn check_path(
+/// Checks an explicit path from `src` to `dst` given at `field` (a flow's
+/// `spec.path`, a route event's `...route.path`); true when it is usable.
+pub(super) fn check_path(
     draft: &Draft,
     graph: &Graph,
     origin: &str,
-    spec: &FlowSpec,
+    field: &str,
+    (src, dst): (&str, &str),
     path: &[String],
     errors: &mut ValidationErrors,
 ) -> bool {
@@ -242,30 +252,30 @@ fn check_path(
     let (Some(first), Some(last)) = (path.first(), path.last()) else {
         errors.push(
             origin,
-            "spec.path",
+            field,
             "must list the nodes from src to dst, both included",
         );
         return false;
     };
-    if *first != spec.src {
+    if first != src {
         errors.push(
             origin,
-            "spec.path[0]",
-            format!("the path must start at src {:?}, not {first:?}", spec.src),
+            format!("{field}[0]"),
+            format!("the path must start at src {src:?}, not {first:?}"),
         );
     }
-    if *last != spec.dst {
+    if last != dst {
         let i = path.len() - 1;
         errors.push(
             origin,
-            format!("spec.path[{i}]"),
-            format!("the path must end at dst {:?}, not {last:?}", spec.dst),
+            format!("{field}[{i}]"),
+            format!("the path must end at dst {dst:?}, not {last:?}"),
         );
     }
     let mut visited = HashSet::new();
     let mut previous: Option<(usize, &str)> = None;
     for (i, node) in path.iter().enumerate() {
-        let field = format!("spec.path[{i}]");
+        let field = format!("{field}[{i}]");
         let Some(index) = graph.index_of(node) else {
             errors.push(
                 origin,

@@ -55,6 +55,31 @@ pub enum EventChange {
     Up(bool),
     /// The node's agent is killed (`false`) or started again (`true`).
     Node { restart: bool },
+    /// A route rule from the instant, applied by the agent of the event's
+    /// target, the traffic's source node. Boxed: it is large beside `Up`.
+    Route(Box<RouteChange>),
+}
+
+/// What a route event moves (traffic from the event's target to `dst`,
+/// narrowed by protocol and ports) and where.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RouteChange {
+    pub dst: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub src_port: Option<u16>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dst_port: Option<u16>,
+    /// From the target to `dst`; `None` ends the scenario's earlier rule for
+    /// the same traffic.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub path: Option<Vec<String>>,
+    /// The stored route of `path` (`routes` row `scenario/<index>`), known
+    /// once the plan is written.
+    #[serde(skip)]
+    pub route_id: Option<u32>,
 }
 
 /// What each end of a link sends with.
@@ -73,6 +98,7 @@ impl EventChange {
             EventChange::Up(false) => "down",
             EventChange::Node { restart: false } => "kill",
             EventChange::Node { restart: true } => "restart",
+            EventChange::Route(_) => "route",
         }
     }
 

@@ -4,16 +4,19 @@
 
 use super::assemble::{Draft, DraftLink};
 use super::errors::ValidationErrors;
-use super::model::{DirectionPair, EventChange, PlannedEvent};
+use super::model::{DirectionPair, EventChange, PlannedEvent, RouteChange};
 use super::params::resolve;
-use crate::api::{LinkParamsSpec, LinkState, MAX_SCENARIO_EVENTS, NodeAction, ScenarioEventSpec};
+use super::routes::Graph;
+use crate::api::{
+    LinkParamsSpec, LinkState, MAX_SCENARIO_EVENTS, NodeAction, RouteEventSpec, ScenarioEventSpec,
+};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 /// The latest offset an event may have.
 pub(crate) const MAX_OFFSET: Duration = Duration::from_secs(24 * 3600);
 
-pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
+pub(crate) fn check(draft: &Draft, graph: &Graph, errors: &mut ValidationErrors) {
     let Some(scenario) = &draft.doc.object.spec.scenario else {
         return;
     };
@@ -33,6 +36,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
         draft.links.iter().map(|l| (l.name.as_str(), l)).collect();
     let nodes: HashSet<&str> = draft.nodes.iter().map(|n| n.name.as_str()).collect();
     let mut earlier: HashMap<&str, Vec<(&LinkParamsSpec, String)>> = HashMap::new();
+    let mut routes_in_force: HashSet<RouteMatch> = HashSet::new();
     let mut previous: Option<(usize, Duration)> = None;
     for (i, event) in scenario.events.iter().enumerate() {
         let field = |f: &str| format!("spec.scenario.events[{i}].{f}");
@@ -57,6 +61,10 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
             );
         }
         previous = Some((i, at));
+        if let Some(route) = &event.route {
+            check_route_event(draft, graph, i, event, route, &mut routes_in_force, errors);
+            continue;
+        }
         match (&event.link, &event.node) {
             (Some(link), None) => {
                 check_link_event(draft, i, event, link, &links, &mut earlier, errors)
@@ -93,8 +101,109 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
             (None, None) => errors.push(
                 origin,
                 field("link"),
-                "an event names the link (or the node) it changes",
+                "an event names the link (or the node) it changes, or gives a route",
             ),
+        }
+    }
+}
+
+/// The traffic a route event moves: (src, dst, protocol, src port, dst port).
+type RouteMatch = (String, String, Option<u8>, Option<u32>, Option<u32>);
+
+fn route_match(route: &RouteEventSpec) -> RouteMatch {
+    (
+        route.src.clone(),
+        route.dst.clone(),
+        route.protocol.map(|p| p.0),
+        route.src_port,
+        route.dst_port,
+    )
+}
+
+/// A route event: its nodes exist, its ports are ports, its path runs along
+/// links from src to dst, and one without a path ends a rule in force.
+fn check_route_event(
+    draft: &Draft,
+    graph: &Graph,
+    i: usize,
+    event: &ScenarioEventSpec,
+    route: &RouteEventSpec,
+    in_force: &mut HashSet<RouteMatch>,
+    errors: &mut ValidationErrors,
+) {
+    let origin = &draft.doc.origin;
+    let field = |f: &str| format!("spec.scenario.events[{i}].{f}");
+    for (name, set) in [
+        ("link", event.link.is_some()),
+        ("node", event.node.is_some()),
+        ("set", event.set.is_some()),
+        ("state", event.state.is_some()),
+        ("action", event.action.is_some()),
+    ] {
+        if set {
+            errors.push(
+                origin,
+                field(name),
+                "an event gives a route or changes a link or a node, not both",
+            );
+        }
+    }
+    let before = errors.len();
+    for (name, node) in [("route.src", &route.src), ("route.dst", &route.dst)] {
+        if graph.index_of(node).is_none() {
+            errors.push(
+                origin,
+                field(name),
+                format!("no node {node:?} in topology {:?}", draft.name),
+            );
+        }
+    }
+    if route.src == route.dst {
+        errors.push(
+            origin,
+            field("route.dst"),
+            "src and dst must be different nodes",
+        );
+    }
+    for (name, port) in [
+        ("route.srcPort", route.src_port),
+        ("route.dstPort", route.dst_port),
+    ] {
+        if let Some(port) = port
+            && !(1..=65535).contains(&port)
+        {
+            errors.push(
+                origin,
+                field(name),
+                format!("must be a port from 1 to 65535, got {port}"),
+            );
+        }
+    }
+    if errors.len() > before {
+        return;
+    }
+    let matching = route_match(route);
+    match &route.path {
+        Some(path) => {
+            super::flows::check_path(
+                draft,
+                graph,
+                origin,
+                &field("route.path"),
+                (&route.src, &route.dst),
+                path,
+                errors,
+            );
+            in_force.insert(matching);
+        }
+        None => {
+            if !in_force.remove(&matching) {
+                errors.push(
+                    origin,
+                    field("route.path"),
+                    "without a path the event ends an earlier route event's rule for the same traffic (src, dst, protocol and ports), and no earlier event set one",
+                );
+            }
         }
     }
 }
@@ -159,6 +268,20 @@ pub(crate) fn build(draft: &Draft) -> Vec<PlannedEvent> {
         .events
         .iter()
         .filter_map(|event: &ScenarioEventSpec| {
+            if let Some(route) = &event.route {
+                return Some(PlannedEvent {
+                    at: event.at.as_std(),
+                    target: route.src.clone(),
+                    change: EventChange::Route(Box::new(RouteChange {
+                        dst: route.dst.clone(),
+                        protocol: route.protocol.map(|p| p.0),
+                        src_port: route.src_port.and_then(|p| u16::try_from(p).ok()),
+                        dst_port: route.dst_port.and_then(|p| u16::try_from(p).ok()),
+                        path: route.path.clone(),
+                        route_id: None,
+                    })),
+                });
+            }
             if let (Some(node), Some(action)) = (&event.node, event.action) {
                 return Some(PlannedEvent {
                     at: event.at.as_std(),

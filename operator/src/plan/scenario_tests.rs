@@ -150,3 +150,94 @@ fn node_events_name_a_node_and_an_action() {
         expect(&errors, DOC, field, says);
     }
 }
+
+/// A diamond a-b-d, a-c-d with a scenario of route events.
+fn diamond(events: &str) -> String {
+    format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: t}}\nspec:\n  \
+         nodes: [{{name: a}}, {{name: b}}, {{name: c}}, {{name: d}}]\n  links:\n    \
+         - {{endpoints: [a, b]}}\n    - {{endpoints: [b, d]}}\n    \
+         - {{endpoints: [a, c]}}\n    - {{endpoints: [c, d]}}\n  scenario:\n    events:\n{events}"
+    )
+}
+
+#[test]
+fn route_events_move_traffic_at_its_source_and_are_checked_like_paths() {
+    let p = plan(
+        "t.yaml",
+        &diamond(
+            "      - {at: 1s, route: {src: a, dst: d, protocol: tcp, srcPort: 40000, dstPort: 5201, path: [a, c, d]}}\n      \
+             - {at: 2s, route: {src: a, dst: d, protocol: tcp, srcPort: 40000, dstPort: 5201}}\n",
+        ),
+    );
+    let routes: Vec<(&str, &RouteChange)> = p
+        .scenario
+        .iter()
+        .map(|e| match &e.change {
+            EventChange::Route(r) => (e.target.as_str(), r.as_ref()),
+            other => panic!("expected a route event, got {other:?}"),
+        })
+        .collect();
+    // The source node applies it; the match and the path as written.
+    assert_eq!(routes[0].0, "a");
+    assert_eq!(routes[0].1.dst, "d");
+    assert_eq!(routes[0].1.protocol, Some(6));
+    assert_eq!(routes[0].1.dst_port, Some(5201));
+    assert_eq!(routes[0].1.src_port, Some(40000));
+    assert_eq!(
+        routes[0].1.path.as_deref(),
+        Some(&["a".to_string(), "c".into(), "d".into()][..])
+    );
+    // The second ends the first's rule.
+    assert_eq!(routes[1].1.path, None);
+    assert_eq!(p.scenario[1].change.kind(), "route");
+    assert!(!p.scenario[0].change.is_node());
+
+    for (events, field, says) in [
+        (
+            "      - {at: 1s, route: {src: a, dst: d, path: [a, b, c, d]}}\n",
+            "spec.scenario.events[0].route.path[2]",
+            "no link between \"b\" and \"c\"",
+        ),
+        (
+            "      - {at: 1s, route: {src: a, dst: d, path: [b, d]}}\n",
+            "spec.scenario.events[0].route.path[0]",
+            "must start at src \"a\"",
+        ),
+        (
+            "      - {at: 1s, route: {src: a, dst: d, path: [a, b, a, c, d]}}\n",
+            "spec.scenario.events[0].route.path[2]",
+            "appears twice",
+        ),
+        (
+            "      - {at: 1s, route: {src: a, dst: z, path: [a, b]}}\n",
+            "spec.scenario.events[0].route.dst",
+            "no node \"z\"",
+        ),
+        (
+            "      - {at: 1s, route: {src: a, dst: a, path: [a]}}\n",
+            "spec.scenario.events[0].route.dst",
+            "different nodes",
+        ),
+        (
+            "      - {at: 1s, route: {src: a, dst: d, dstPort: 70000, path: [a, b, d]}}\n",
+            "spec.scenario.events[0].route.dstPort",
+            "1 to 65535",
+        ),
+        (
+            // Ends a rule no event set (another port's is in force).
+            "      - {at: 1s, route: {src: a, dst: d, dstPort: 80, path: [a, b, d]}}\n      \
+             - {at: 2s, route: {src: a, dst: d, dstPort: 81}}\n",
+            "spec.scenario.events[1].route.path",
+            "no earlier event set one",
+        ),
+        (
+            "      - {at: 1s, link: a-b, route: {src: a, dst: d, path: [a, b, d]}}\n",
+            "spec.scenario.events[0].link",
+            "not both",
+        ),
+    ] {
+        let errors = plan_errors("t.yaml", &diamond(events));
+        expect(&errors, DOC, field, says);
+    }
+}

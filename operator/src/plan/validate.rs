@@ -22,7 +22,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     params_check::check(draft, errors);
     let graph = links(draft, &nodes, errors);
     super::flows::check(draft, &graph, errors);
-    super::scenario::check(draft, errors);
+    super::scenario::check(draft, &graph, errors);
 }
 
 fn dataplane(draft: &Draft, errors: &mut ValidationErrors) {

@@ -3,7 +3,7 @@
 //! event took effect on each agent.
 
 use super::{Result, StoreError};
-use crate::plan::{DirectionPair, EventChange, LinkParams, PlannedEvent};
+use crate::plan::{DirectionPair, EventChange, LinkParams, PlannedEvent, RouteChange};
 use chrono::{DateTime, Utc};
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::time::Duration;
@@ -25,19 +25,32 @@ pub(super) async fn replace(
             reason: format!("scenario parameters do not serialize: {e}"),
         })
     };
+    let route_ids = replace_routes(tx, id, events).await?;
     for (i, event) in events.iter().enumerate() {
         let (forward, backward) = match &event.change {
             EventChange::Params(pair) => (Some(json(&pair.forward)?), Some(json(&pair.backward)?)),
-            EventChange::Up(_) | EventChange::Node { .. } => (None, None),
+            EventChange::Up(_) | EventChange::Node { .. } | EventChange::Route(_) => (None, None),
         };
-        let (link, node) = if event.change.is_node() {
+        let route = match &event.change {
+            EventChange::Route(route) => {
+                Some(
+                    serde_json::to_string(route).map_err(|e| StoreError::Corrupt {
+                        topology: topology.to_string(),
+                        reason: format!("a route event does not serialize: {e}"),
+                    })?,
+                )
+            }
+            _ => None,
+        };
+        // A node's event, and a route event at its source node.
+        let (link, node) = if event.change.is_node() || route.is_some() {
             (None, Some(&event.target))
         } else {
             (Some(&event.target), None)
         };
         sqlx::query(
-            "INSERT INTO scenario_events (topology_id, idx, at_us, link, node, kind, params_forward, params_backward) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb)",
+            "INSERT INTO scenario_events (topology_id, idx, at_us, link, node, kind, params_forward, params_backward, route, route_id) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7::jsonb, $8::jsonb, $9::jsonb, $10)",
         )
         .bind(id)
         .bind(i32::try_from(i).unwrap_or(i32::MAX))
@@ -47,16 +60,65 @@ pub(super) async fn replace(
         .bind(event.change.kind())
         .bind(forward)
         .bind(backward)
+        .bind(route)
+        .bind(route_ids.get(&i).copied())
         .execute(&mut **tx)
         .await?;
     }
     Ok(())
 }
 
+/// Name of the route row carrying route event `idx`'s path.
+pub fn route_name(idx: usize) -> String {
+    format!("scenario/{idx}")
+}
+
+/// Writes the paths of the route events as routes (checked by the database
+/// like any route), keeping the id of a row whose name stays, since agents
+/// running the scenario refer to it; drops the rows of events gone. Returns
+/// each event's route id by index.
+async fn replace_routes(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    events: &[PlannedEvent],
+) -> Result<std::collections::HashMap<usize, i32>> {
+    let mut ids = std::collections::HashMap::new();
+    for (i, event) in events.iter().enumerate() {
+        let EventChange::Route(route) = &event.change else {
+            continue;
+        };
+        let Some(path) = &route.path else {
+            continue;
+        };
+        let route_id: i32 = sqlx::query_scalar(
+            "INSERT INTO routes (topology_id, id, name, path) \
+             VALUES ($1, (SELECT COALESCE(max(id), 0) + 1 FROM routes WHERE topology_id = $1), $2, $3) \
+             ON CONFLICT (topology_id, name) DO UPDATE SET path = EXCLUDED.path \
+             RETURNING id",
+        )
+        .bind(id)
+        .bind(route_name(i))
+        .bind(path)
+        .fetch_one(&mut **tx)
+        .await?;
+        ids.insert(i, route_id);
+    }
+    let kept: Vec<String> = ids.keys().map(|&i| route_name(i)).collect();
+    sqlx::query(
+        "DELETE FROM routes WHERE topology_id = $1 AND name LIKE 'scenario/%' AND NOT (name = ANY($2))",
+    )
+    .bind(id)
+    .bind(&kept)
+    .execute(&mut **tx)
+    .await?;
+    Ok(ids)
+}
+
 /// The topology's planned events, in order.
 pub(super) async fn load(pool: &PgPool, id: i64, topology: &str) -> Result<Vec<PlannedEvent>> {
     let rows = sqlx::query(
-        "SELECT at_us, COALESCE(link, node) AS target, kind, params_forward::text AS f, params_backward::text AS b \
+        "SELECT at_us, COALESCE(link, node) AS target, kind, params_forward::text AS f, params_backward::text AS b, \
+                route::text AS route, route_id \
          FROM scenario_events WHERE topology_id = $1 ORDER BY idx",
     )
     .bind(id)
@@ -81,6 +143,17 @@ pub(super) async fn load(pool: &PgPool, id: i64, topology: &str) -> Result<Vec<P
                 "down" => EventChange::Up(false),
                 "kill" => EventChange::Node { restart: false },
                 "restart" => EventChange::Node { restart: true },
+                "route" => {
+                    let text: Option<String> = r.get("route");
+                    let text =
+                        text.ok_or_else(|| corrupt("a route event without its route".into()))?;
+                    let mut route: RouteChange = serde_json::from_str(&text)
+                        .map_err(|e| corrupt(format!("scenario route: {e}")))?;
+                    route.route_id = r
+                        .get::<Option<i32>, _>("route_id")
+                        .and_then(|id| u32::try_from(id).ok());
+                    EventChange::Route(Box::new(route))
+                }
                 other => return Err(corrupt(format!("scenario event kind {other:?}"))),
             };
             Ok(PlannedEvent {
@@ -220,7 +293,7 @@ pub(super) async fn pending_node_events(
                 r.starts_at + e.at_us * interval '1 microsecond' AS planned_at \
          FROM scenario_events e JOIN topologies t ON t.id = e.topology_id \
          JOIN scenario_runs r ON r.topology_id = e.topology_id \
-         WHERE e.node IS NOT NULL AND t.runtime = $1 AND NOT EXISTS ( \
+         WHERE e.kind IN ('kill', 'restart') AND t.runtime = $1 AND NOT EXISTS ( \
            SELECT 1 FROM scenario_applied a WHERE a.topology_id = e.topology_id AND a.idx = e.idx) \
          ORDER BY planned_at, e.idx",
     )
