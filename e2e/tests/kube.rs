@@ -826,6 +826,7 @@ worker log:
 
     recreated_topology_runs_its_new_parameters(c);
     trace_from_a_configmap(c);
+    scenario_kills_and_restarts_a_node(c);
     failures_show_on_the_topology(c);
 
     // kubectl delete leaves no pod, service, secret, row or finalizer.
@@ -1185,6 +1186,108 @@ fn trace_from_a_configmap(c: &Cluster) {
     );
     c.ok(&["delete", "topology", "traced", "--timeout=120s"]);
     c.ok(&["delete", "configmap", "lte"]);
+}
+
+/// A timed scenario's node events on the cluster: q, the middle of p — q — r
+/// in one worker pod, is killed at 6 s and restarted at 16 s. The agent exits
+/// at the instant (the hub records when it saw the stream end), the worker
+/// starts it again within about a second, and the hub holds its config back
+/// until the restart instant: no ping crosses q between the two, and pings
+/// cross again after.
+fn scenario_kills_and_restarts_a_node(c: &Cluster) {
+    const KILL_AT_S: i64 = 6;
+    const RESTART_AT_S: i64 = 16;
+    c.apply_until_ready(
+        &format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: killed}}\nspec:\n  placement: packed\n  nodesPerWorker: 3\n  workerImage: {}\n  nodes: [{{name: p}}, {{name: q}}, {{name: r}}]\n  links: [{{endpoints: [p, q]}}, {{endpoints: [q, r]}}]\n  scenario:\n    events:\n    - {{at: {KILL_AT_S}s, node: q, action: kill}}\n    - {{at: {RESTART_AT_S}s, node: q, action: restart}}\n",
+            worker_image()
+        ),
+        "killed",
+        "240s",
+    );
+    let worker = "killed-worker-0";
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_millis() as i64)
+    };
+    let mut start_ms = 0i64;
+    c.wait_for("the scenario to start", Duration::from_secs(30), || {
+        start_ms = c
+            .psql("SELECT coalesce((extract(epoch FROM r.starts_at) * 1000)::bigint, 0) FROM scenario_runs r JOIN topologies t ON t.id = r.topology_id WHERE t.name = 'killed'")
+            .parse()
+            .unwrap_or(0);
+        start_ms > 0
+    });
+    let ping = || {
+        node_command(c, worker, "p", &["ping", "-c", "1", "-W", "1", "r"])
+            .status
+            .success()
+    };
+    let wait_until = |ms: i64| {
+        let left = ms - unix_ms();
+        if left > 0 {
+            std::thread::sleep(Duration::from_millis(left as u64));
+        }
+    };
+    // Before the kill p reaches r through q (when Ready came early enough to
+    // look).
+    if unix_ms() < start_ms + KILL_AT_S * 1000 - 1500 {
+        assert!(ping(), "p cannot ping r before the kill");
+    }
+    // Held down: the worker restarted the agent long ago, but it has no config.
+    wait_until(start_ms + KILL_AT_S * 1000 + 3000);
+    let (mut tried, mut crossed) = (0, 0);
+    while unix_ms() < start_ms + RESTART_AT_S * 1000 - 1500 {
+        tried += 1;
+        if ping() {
+            crossed += 1;
+        }
+    }
+    assert!(tried > 0, "no ping tried while q was held down");
+    assert_eq!(
+        crossed, 0,
+        "{crossed} of {tried} pings crossed q while the scenario held it down"
+    );
+    wait_until(start_ms + RESTART_AT_S * 1000);
+    c.wait_for(
+        "p to reach r through the restarted q",
+        Duration::from_secs(20),
+        ping,
+    );
+    let back_after_ms = unix_ms() - (start_ms + RESTART_AT_S * 1000);
+    // What PostgreSQL recorded: both events, on q, at their instants.
+    let rows = c.psql(
+        "SELECT a.idx, a.skew_us FROM scenario_applied a JOIN topologies t ON t.id = a.topology_id WHERE t.name = 'killed' AND a.node = 'q' AND a.error = '' ORDER BY a.idx",
+    );
+    let skews: Vec<(i64, i64)> = rows
+        .lines()
+        .filter_map(|l| {
+            let (i, s) = l.split_once('|')?;
+            Some((i.trim().parse().ok()?, s.trim().parse().ok()?))
+        })
+        .collect();
+    println!(
+        "scenario on the cluster: kill and restart skews {skews:?} µs; p reached r again {back_after_ms} ms after the restart"
+    );
+    assert_eq!(
+        skews.iter().map(|(i, _)| *i).collect::<Vec<_>>(),
+        [0, 1],
+        "kill and restart not both recorded: {rows}"
+    );
+    // The kill: the agent's timer, then its stream ending at the hub. The
+    // restart: the hub's own timer sending the config.
+    assert!(
+        (0..=100_000).contains(&skews[0].1),
+        "the kill took effect {} µs from its instant",
+        skews[0].1
+    );
+    assert!(
+        (0..=10_000).contains(&skews[1].1),
+        "the restart took effect {} µs from its instant",
+        skews[1].1
+    );
+    c.ok(&["delete", "topology", "killed", "--timeout=120s"]);
 }
 
 /// One condition of a topology: (status, reason, message).

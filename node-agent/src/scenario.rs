@@ -202,6 +202,14 @@ impl Task {
         if let Some(pb::scenario_event::Change::Route(rule)) = &event.change {
             return self.apply_route(rule);
         }
+        if let Some(pb::scenario_event::Change::Kill(true)) = &event.change {
+            // The process dies as a SIGKILLed one would (no shutdown, the
+            // kernel closes its sockets); exit rather than a signal, since
+            // PID 1 of a container ignores a SIGKILL it sends itself. The hub
+            // records the kill when it sees the stream end.
+            tracing::warn!(index = event.index, "killed by the scenario");
+            std::process::exit(137);
+        }
         let links = self.links.load();
         let link: &Arc<LinkHandle> = links
             .get(&event.link)
@@ -226,9 +234,8 @@ impl Task {
                     Ok("down")
                 }
             }
-            Some(pb::scenario_event::Change::Route(_)) | None => {
-                Err("the event changes nothing".into())
-            }
+            Some(pb::scenario_event::Change::Route(_) | pb::scenario_event::Change::Kill(_))
+            | None => Err("the event changes nothing".into()),
         }
     }
 

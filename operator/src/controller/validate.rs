@@ -72,16 +72,6 @@ pub fn validate(
             ),
         });
     }
-    // A scenario's node events are the local runtime's (it kills and starts
-    // agent processes); a cluster refuses them rather than ignore them.
-    if let Some(i) = plan.scenario.iter().position(|e| e.change.is_node()) {
-        return Err(Invalid {
-            reason: "InvalidSpec",
-            message: format!(
-                "spec.scenario.events[{i}].node: node events (kill, restart) run in namespace mode (`nextmini up`) only; in a cluster, delete the node's pod instead"
-            ),
-        });
-    }
     let containers = user_containers(topology)?;
     match plan.packing() {
         Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
@@ -315,18 +305,16 @@ mod tests {
     }
 
     #[test]
-    fn node_events_of_a_scenario_are_refused_in_a_cluster() {
+    fn node_events_of_a_scenario_run_in_a_cluster_too() {
+        // The agents apply kills themselves and the hub holds a killed node's
+        // config until its restart (hub/scenario.rs).
         let m = crate::plan::parse_manifest(
             "t.yaml",
-            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: s}\nspec:\n  nodes: [{name: a}, {name: b}]\n  links: [{endpoints: [a, b]}]\n  scenario:\n    events:\n    - {at: 1s, link: a-b, state: down}\n    - {at: 2s, node: b, action: kill}\n",
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: s}\nspec:\n  nodes: [{name: a}, {name: b}]\n  links: [{endpoints: [a, b]}]\n  scenario:\n    events:\n    - {at: 1s, link: a-b, state: down}\n    - {at: 2s, node: b, action: kill}\n    - {at: 3s, node: b, action: restart}\n",
         )
         .expect("parses");
-        let e = validate(&m, "lab", None).expect_err("node events refused");
-        assert!(
-            e.message.starts_with("spec.scenario.events[1].node: "),
-            "{}",
-            e.message
-        );
+        let v = validate(&m, "lab", None).expect("node events run in a cluster");
+        assert_eq!(v.plan.scenario.len(), 3);
     }
 
     #[test]

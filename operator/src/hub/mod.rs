@@ -440,6 +440,9 @@ impl Hub {
                 let keys: Vec<SessionKey> = sessions
                     .iter()
                     .filter(|(_, e)| {
+                        if e.held {
+                            return false;
+                        }
                         let applying = u64::try_from(e.generation).unwrap_or(0)
                             > e.liveness.acked.load(Ordering::Relaxed);
                         let limit = session::silence_limit_ms(e.report_interval_ms, applying);
@@ -558,7 +561,7 @@ fn bring_up_to_date(
         return;
     };
     let (topology, node) = key;
-    if entry.generation >= new.generation {
+    if entry.generation >= new.generation || entry.held {
         return;
     }
     let Some(next) = new.snapshot(node) else {
@@ -648,6 +651,11 @@ impl Control for Hub {
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
         let liveness = Arc::new(session::Liveness::new(self.now_ms()));
+        // A timed scenario's kill may hold this node down (a cluster).
+        let hold = match self.current_view(&hello.topology).await? {
+            Some(view) => scenario::on_connect(self, &view, &hello.node).await,
+            None => None,
+        };
         let replaced = {
             // Held while the snapshot is chosen and the session registered, so a
             // concurrent change is applied to this session exactly once.
@@ -659,24 +667,39 @@ impl Control for Hub {
             let snapshot = view
                 .snapshot(&hello.node)
                 .ok_or_else(|| Status::not_found(format!("no node {}", hello.node)))?;
-            let config = SentConfig::of(&snapshot);
             let mut entry = SessionEntry {
                 id,
                 pid: hello.pid,
                 tx,
-                config: Some(config),
-                generation: view.generation,
+                config: None,
+                generation: 0,
                 liveness: liveness.clone(),
                 topology_id,
                 report_interval_ms: view.plan.report_interval_ms,
                 metrics: self.inner.metrics.clone(),
+                held: hold.is_some(),
             };
-            if !entry.send(pb::controller_message::Msg::Snapshot(snapshot)) {
-                return Err(Status::internal("session closed"));
+            if !entry.held {
+                entry.config = Some(SentConfig::of(&snapshot));
+                if !entry.send(pb::controller_message::Msg::Snapshot(snapshot)) {
+                    return Err(Status::internal("session closed"));
+                }
+                entry.generation = view.generation;
             }
-            entry.generation = view.generation;
             sessions.insert(key.clone(), entry)
         };
+        if let Some(hold) = hold {
+            tracing::info!(topology = %hello.topology, node = %hello.node, ?hold, "agent held down by the scenario");
+            if let Some((restart, at)) = hold.restart {
+                tokio::spawn(scenario::release_at(
+                    self.clone(),
+                    key.clone(),
+                    id,
+                    restart,
+                    at,
+                ));
+            }
+        }
         // A restarted agent can say Hello before the hub has seen its
         // predecessor's stream end, which then finds itself replaced and marks
         // nothing: the node would never show the outage. A session of another

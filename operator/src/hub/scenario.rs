@@ -4,6 +4,7 @@
 //! absolute instants, ahead of time, and applies them itself. What agents
 //! report back is stored with the instant each event took effect.
 
+use super::snapshot::{TopologyView, Underlay};
 use super::{Hub, SessionKey};
 use crate::plan::{EventChange, Plan, RouteChange};
 use crate::store::AppliedRow;
@@ -33,8 +34,16 @@ fn planned_at(plan: &Plan, start: DateTime<Utc>, index: usize) -> Option<DateTim
 }
 
 /// The events touching `node` (an end of the event's link), each with what
-/// that end applies: the parameters of the direction it sends.
-pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::Scenario {
+/// that end applies: the parameters of the direction it sends. With
+/// `kills_after`, the node's agent applies its own `kill` events, those after
+/// that instant (a cluster, where the hub cannot kill a process; an agent
+/// restarted after a kill must not kill itself again).
+pub(super) fn events_for(
+    plan: &Plan,
+    node: &str,
+    start: DateTime<Utc>,
+    kills_after: Option<DateTime<Utc>>,
+) -> pb::Scenario {
     let events = plan
         .scenario
         .iter()
@@ -53,7 +62,21 @@ pub(super) fn events_for(plan: &Plan, node: &str, start: DateTime<Utc>) -> pb::S
                         })
                     });
             }
-            // A node's events are the local runtime's (runtime/scenario_nodes.rs).
+            if let EventChange::Node { restart } = event.change {
+                // Locally a node's events are the runtime's
+                // (runtime/scenario_nodes.rs); a restart is the hub's
+                // release of the held config (`release_at`).
+                let at = planned_at(plan, start, i)?;
+                let after = kills_after?;
+                return (!restart && event.target == node && at > after).then(|| {
+                    pb::ScenarioEvent {
+                        index: u32::try_from(i).unwrap_or(u32::MAX),
+                        at_unix_ns: unix_ns(at),
+                        link: String::new(),
+                        change: Some(pb::scenario_event::Change::Kill(true)),
+                    }
+                });
+            }
             let link = plan.links.iter().find(|l| l.name == event.target)?;
             let change = match &event.change {
                 EventChange::Params(pair) if link.dialer == node => {
@@ -139,10 +162,11 @@ impl ScenarioStart {
                     }
                 };
                 tracing::info!(topology = %key.0, %start, events = view.plan.scenario.len(), "scenario starts");
+                let kills_after = agents_kill(&view).then(Utc::now);
                 let sessions = hub.inner.sessions.lock().await;
                 for ((topology, node), entry) in sessions.iter() {
                     if *topology == key.0 && entry.topology_id == topology_id {
-                        let events = events_for(&view.plan, node, start);
+                        let events = events_for(&view.plan, node, start, kills_after);
                         if !events.events.is_empty() {
                             entry.send(pb::controller_message::Msg::Scenario(events));
                         }
@@ -156,7 +180,7 @@ impl ScenarioStart {
                 return;
             }
         };
-        let events = events_for(&view.plan, &key.1, start);
+        let events = events_for(&view.plan, &key.1, start, agents_kill(&view).then(Utc::now));
         self.sent = true;
         if events.events.is_empty() {
             return;
@@ -165,6 +189,163 @@ impl ScenarioStart {
         if let Some(entry) = sessions.get(key).filter(|e| e.id == id) {
             entry.send(pb::controller_message::Msg::Scenario(events));
         }
+    }
+}
+
+/// Whether the topology's agents apply its `kill` events themselves: in a
+/// cluster; locally the hub process's runtime kills them.
+pub(super) fn agents_kill(view: &TopologyView) -> bool {
+    !matches!(view.underlay, Underlay::Bridge)
+}
+
+/// The last node event of `node` planned at or before `now`: its index and
+/// whether it was a restart.
+fn last_node_event(
+    plan: &Plan,
+    node: &str,
+    start: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<(usize, bool)> {
+    plan.scenario
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| {
+            e.target == node
+                && e.change.is_node()
+                && planned_at(plan, start, *i).is_some_and(|at| at <= now)
+        })
+        .filter_map(|(i, e)| match e.change {
+            EventChange::Node { restart } => Some((i, restart)),
+            _ => None,
+        })
+        .next_back()
+}
+
+/// A node a `kill` holds down: the hub sends its agent no config until the
+/// node's next `restart` (index and instant), or never when none follows.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(super) struct Hold {
+    pub restart: Option<(usize, DateTime<Utc>)>,
+}
+
+/// Whether the scenario holds `node` down at `now`.
+pub(super) fn hold_of(
+    plan: &Plan,
+    node: &str,
+    start: DateTime<Utc>,
+    now: DateTime<Utc>,
+) -> Option<Hold> {
+    let (kill, false) = last_node_event(plan, node, start, now)? else {
+        return None;
+    };
+    let restart = plan
+        .scenario
+        .iter()
+        .enumerate()
+        .skip(kill + 1)
+        .find(|(_, e)| e.target == node && e.change == EventChange::Node { restart: true })
+        .and_then(|(i, _)| Some((i, planned_at(plan, start, i)?)));
+    Some(Hold { restart })
+}
+
+/// What the scenario says of a connecting agent's node in a cluster: held
+/// down, or `None`. A restart it reaches late (its instant passed while the
+/// agent was still coming back) is recorded now.
+pub(super) async fn on_connect(hub: &Hub, view: &TopologyView, node: &str) -> Option<Hold> {
+    if !agents_kill(view) || !view.plan.scenario.iter().any(|e| e.change.is_node()) {
+        return None;
+    }
+    let store = &hub.inner.store;
+    let start = store.scenario_started(view.topology_id).await.ok()??;
+    let now = Utc::now();
+    if let Some(hold) = hold_of(&view.plan, node, start, now) {
+        return Some(hold);
+    }
+    if let Some((restart, true)) = last_node_event(&view.plan, node, start, now) {
+        record(hub, view, node, start, restart, now).await;
+    }
+    None
+}
+
+/// Sends a held agent its config at its node's restart instant, and records
+/// the restart; nothing when another session of the node took over.
+pub(super) async fn release_at(
+    hub: Hub,
+    key: SessionKey,
+    id: u64,
+    restart: usize,
+    at: DateTime<Utc>,
+) {
+    tokio::time::sleep((at - Utc::now()).to_std().unwrap_or_default()).await;
+    let view = match hub.current_view(&key.0).await {
+        Ok(Some(view)) => view,
+        _ => return,
+    };
+    {
+        let mut sessions = hub.inner.sessions.lock().await;
+        match sessions.get_mut(&key) {
+            Some(entry) if entry.id == id => entry.held = false,
+            _ => return,
+        }
+        super::bring_up_to_date(&mut sessions, &key, &view);
+    }
+    let now = Utc::now();
+    tracing::info!(topology = %key.0, node = %key.1, late_us = (now - at).num_microseconds(), "scenario restart: config released");
+    let Ok(Some(start)) = hub.inner.store.scenario_started(view.topology_id).await else {
+        return;
+    };
+    record(&hub, &view, &key.1, start, restart, now).await;
+}
+
+/// Records a `kill` the hub saw take effect: the node's session ended at or
+/// after the kill's instant.
+pub(super) async fn on_disconnect(hub: &Hub, key: &SessionKey, topology_id: i64) {
+    let view = hub.inner.views.lock().await.get(&key.0).cloned();
+    let Some(view) = view.filter(|v| v.topology_id == topology_id && agents_kill(v)) else {
+        return;
+    };
+    if !view
+        .plan
+        .scenario
+        .iter()
+        .any(|e| e.target == key.1 && e.change.is_node())
+    {
+        return;
+    }
+    let Ok(Some(start)) = hub.inner.store.scenario_started(topology_id).await else {
+        return;
+    };
+    let now = Utc::now();
+    if let Some((kill, false)) = last_node_event(&view.plan, &key.1, start, now) {
+        record(hub, &view, &key.1, start, kill, now).await;
+    }
+}
+
+/// Stores when node event `idx` took effect (the first record counts).
+async fn record(
+    hub: &Hub,
+    view: &TopologyView,
+    node: &str,
+    start: DateTime<Utc>,
+    idx: usize,
+    applied_at: DateTime<Utc>,
+) {
+    let Some(planned) = planned_at(&view.plan, start, idx) else {
+        return;
+    };
+    let row = AppliedRow {
+        idx: i32::try_from(idx).unwrap_or(i32::MAX),
+        planned_at: planned,
+        applied_at,
+        error: String::new(),
+    };
+    if let Err(e) = hub
+        .inner
+        .store
+        .record_scenario_applied(view.topology_id, node, &[row])
+        .await
+    {
+        tracing::warn!(node, error = %e, "storing a scenario node event failed");
     }
 }
 
@@ -236,8 +417,8 @@ mod tests {
             Some(pb::scenario_event::Change::Params(p)) => p.rate_bps,
             other => panic!("{other:?}"),
         };
-        let dialer = events_for(&plan, &link.dialer, start);
-        let acceptor = events_for(&plan, &link.acceptor, start);
+        let dialer = events_for(&plan, &link.dialer, start, None);
+        let acceptor = events_for(&plan, &link.acceptor, start, None);
         assert_eq!((rate(&dialer), rate(&acceptor)), (1_000_000, 2_000_000));
         assert_eq!(dialer.start_unix_ns, 1_700_000_000_000_000_000);
         assert_eq!(
@@ -261,7 +442,11 @@ mod tests {
             .iter()
             .find(|n| n.name != link.dialer && n.name != link.acceptor)
             .expect("a third node");
-        assert!(events_for(&plan, &other.name, start).events.is_empty());
+        assert!(
+            events_for(&plan, &other.name, start, None)
+                .events
+                .is_empty()
+        );
     }
 
     #[test]
@@ -298,7 +483,7 @@ mod tests {
             },
         ];
         let start = DateTime::from_timestamp(1_700_000_000, 0).expect("time");
-        let events = events_for(&plan, &src.name, start).events;
+        let events = events_for(&plan, &src.name, start, None).events;
         let rules: Vec<(u32, pb::FlowRule)> = events
             .into_iter()
             .map(|e| match e.change {
@@ -317,7 +502,63 @@ mod tests {
         // Only the source applies it: the path's other nodes know the route
         // from their snapshots.
         for other in &plan.nodes[1..] {
-            assert!(events_for(&plan, &other.name, start).events.is_empty());
+            assert!(
+                events_for(&plan, &other.name, start, None)
+                    .events
+                    .is_empty()
+            );
         }
+    }
+
+    #[test]
+    fn a_kill_holds_its_node_until_the_next_restart_and_goes_to_its_agent_once() {
+        let mut plan = crate::plan::fixtures::line3();
+        let b = plan.nodes[1].name.clone();
+        let node_event = |secs: u64, restart: bool| PlannedEvent {
+            at: Duration::from_secs(secs),
+            target: b.clone(),
+            change: EventChange::Node { restart },
+        };
+        plan.scenario = vec![
+            node_event(2, false),
+            node_event(5, true),
+            node_event(8, false),
+        ];
+        let start = DateTime::from_timestamp(1_700_000_000, 0).expect("time");
+        let at = |secs: i64| start + chrono::Duration::seconds(secs);
+        assert_eq!(hold_of(&plan, &b, start, at(1)), None);
+        assert_eq!(
+            hold_of(&plan, &b, start, at(3)),
+            Some(Hold {
+                restart: Some((1, at(5)))
+            })
+        );
+        assert_eq!(hold_of(&plan, &b, start, at(6)), None);
+        // No restart follows the last kill: held for good.
+        assert_eq!(
+            hold_of(&plan, &b, start, at(9)),
+            Some(Hold { restart: None })
+        );
+        // The agent gets the kills still ahead, never a restart (the hub's
+        // release is the restart); locally (None) it gets none.
+        let kills = |after: i64| -> Vec<u32> {
+            events_for(&plan, &b, start, Some(at(after)))
+                .events
+                .iter()
+                .map(|e| {
+                    assert_eq!(e.change, Some(pb::scenario_event::Change::Kill(true)));
+                    e.index
+                })
+                .collect()
+        };
+        assert_eq!(kills(0), [0, 2]);
+        // Restarted after the first kill: only the second is still ahead.
+        assert_eq!(kills(6), [2]);
+        assert!(events_for(&plan, &b, start, None).events.is_empty());
+        assert!(
+            events_for(&plan, &plan.nodes[0].name, start, Some(at(0)))
+                .events
+                .is_empty()
+        );
     }
 }

@@ -27,6 +27,10 @@ pub(super) struct SessionEntry {
     pub topology_id: i64,
     pub report_interval_ms: u32,
     pub metrics: Arc<crate::observe::HubMetrics>,
+    /// A timed scenario's `kill` holds the node down (a cluster): the agent
+    /// gets no config, and no change, until the node's restart
+    /// (`scenario::release_at`); it is silent meanwhile, by design.
+    pub held: bool,
 }
 
 impl SessionEntry {
@@ -199,6 +203,7 @@ pub(super) async fn run(
         }
     }
     episodes.end(&hub.inner.store).await;
+    super::scenario::on_disconnect(&hub, &key, topology_id).await;
     let mut sessions = hub.inner.sessions.lock().await;
     if sessions.get(&key).is_some_and(|e| e.id == id) {
         sessions.remove(&key);
