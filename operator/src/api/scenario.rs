@@ -37,10 +37,11 @@ pub struct ScenarioEventSpec {
     /// The node the event acts on, by name (or name a `link`, or give a `route`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
-    /// What happens to the `node`: `kill` stops its agent (SIGKILL; nothing
-    /// restarts it until a `restart` event), `restart` starts it again (the
-    /// agent gets its config and the scenario's state from the hub).
-    /// Namespace mode (`nextmini up`) only.
+    /// What happens to the `node`: `kill` stops its agent (locally SIGKILL;
+    /// in a cluster the agent exits), and the node stays down until a
+    /// `restart` event; `restart` brings it back (the agent gets its config
+    /// and the scenario's state from the hub). In a cluster a node restarted
+    /// sooner than its pod's back-off comes back late, as recorded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub action: Option<NodeAction>,
     /// New parameters for both directions of the link, field by field, layered
