@@ -494,6 +494,20 @@ pub fn ping_avg_ms(env: &Env, node: &str, target: &str, count: u32) -> f64 {
         .unwrap_or_else(|| panic!("no rtt summary in ping output: {text}"))
 }
 
+/// The start of `topology`'s timed scenario, µs since the Unix epoch, once
+/// the hub has chosen it (waits up to 15 s).
+pub fn scenario_start_us(env: &Env, topology: &str) -> i64 {
+    let mut start = String::new();
+    env.wait_for("the scenario to start", Duration::from_secs(15), || {
+        start = env.psql(&format!(
+            "SELECT (extract(epoch FROM r.starts_at) * 1e6)::bigint FROM scenario_runs r \
+             JOIN topologies t ON t.id = r.topology_id WHERE t.name = '{topology}'"
+        ));
+        !start.is_empty()
+    });
+    start.parse().expect("start")
+}
+
 /// One topology's row of `link_counters` for (link, node), as named columns.
 pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &str) -> i64 {
     let allowed = [

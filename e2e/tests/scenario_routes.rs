@@ -6,7 +6,7 @@
 //! against the instants PostgreSQL recorded. The manifest is the example
 //! `manifests/examples/scenario-routes.yaml`.
 
-use nextmini_e2e::{Env, link_counter, repo_path};
+use nextmini_e2e::{Env, link_counter, repo_path, scenario_start_us};
 use std::process::Stdio;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -78,17 +78,7 @@ fn a_route_event_moves_traffic_at_its_instant_and_its_end_moves_it_back() {
     let manifest = std::fs::read_to_string(repo_path("manifests/examples/scenario-routes.yaml"))
         .expect("manifest");
     env.apply_yaml(TOPOLOGY, &manifest);
-    let start_us: i64 = {
-        let mut start = String::new();
-        env.wait_for("the scenario to start", Duration::from_secs(15), || {
-            start = env.psql(&format!(
-                "SELECT (extract(epoch FROM r.starts_at) * 1e6)::bigint FROM scenario_runs r \
-                 JOIN topologies t ON t.id = r.topology_id WHERE t.name = '{TOPOLOGY}'"
-            ));
-            !start.is_empty()
-        });
-        start.parse().expect("start")
-    };
+    let start_us = scenario_start_us(&env, TOPOLOGY);
     // The route's stored row and its labels along the path.
     let route = env.psql(&format!(
         "SELECT r.path FROM routes r JOIN topologies t ON t.id = r.topology_id \

@@ -10,7 +10,7 @@
 //! middle node is killed and restarted by its scenario.
 
 use nextmini_e2e::udp_sink::{Arrival, UdpSink};
-use nextmini_e2e::{Env, repo_path, tcp_goodput, tcp_payload_ratio};
+use nextmini_e2e::{Env, repo_path, scenario_start_us, tcp_goodput, tcp_payload_ratio};
 use nextmini_operator::observe::dashboards;
 use std::time::{Duration, Instant};
 
@@ -88,20 +88,6 @@ fn recorded(env: &Env) -> Vec<Recorded> {
     out
 }
 
-/// The example's run start as PostgreSQL recorded it (µs since the Unix
-/// epoch), once the hub has fixed it.
-fn scenario_start(env: &Env) -> i64 {
-    let mut start = String::new();
-    env.wait_for("the scenario to start", Duration::from_secs(15), || {
-        start = env.psql(&format!(
-            "SELECT (extract(epoch FROM r.starts_at) * 1e6)::bigint FROM scenario_runs r \
-             JOIN topologies t ON t.id = r.topology_id WHERE t.name = '{TOPOLOGY}'"
-        ));
-        !start.is_empty()
-    });
-    start.parse().expect("start")
-}
-
 /// The example's three link events once both ends of b-c reported each (its
 /// node events come later and are not waited for).
 fn link_events(env: &Env) -> Vec<Recorded> {
@@ -144,7 +130,7 @@ fn a_flap_scenario_runs_at_its_recorded_times() {
     // 24 Mbit/s of IP packets: above both of the link's rates.
     let pps = (24e6 / (IP_BYTES * 8.0)).round().to_string();
     env.spawn_in("a", &["python3", "-c", SENDER, "c", &size, &pps, "16"]);
-    let start_us = scenario_start(&env);
+    let start_us = scenario_start_us(&env, TOPOLOGY);
     let events = link_events(&env);
     let arrivals = sink.arrivals(&env, Duration::from_secs(30));
     let status = env.ok(&["status", TOPOLOGY]);
@@ -496,7 +482,7 @@ fn a_flap_scenario_under_an_iperf3_flow() {
     // The hub puts the start a second after the topology first runs, so the
     // flow is under way before it; iperf3 takes whole seconds, so the flow
     // ends in the second before `IPERF_END_AT`.
-    let start_us = scenario_start(&env);
+    let start_us = scenario_start_us(&env, TOPOLOGY);
     let now_us = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .expect("clock after 1970")

@@ -651,8 +651,13 @@ impl Control for Hub {
         let id = self.inner.next_session.fetch_add(1, Ordering::Relaxed);
         let key = (hello.topology.clone(), hello.node.clone());
         let liveness = Arc::new(session::Liveness::new(self.now_ms()));
-        // A timed scenario's kill may hold this node down (a cluster).
-        let hold = match self.current_view(&hello.topology).await? {
+        // A timed scenario's kill may hold this node down (a cluster). The
+        // cached view is enough to tell: a scenario starts only once every
+        // agent ran the topology, so a view was loaded by then, and reading
+        // the store's version again here would cost every connecting agent a
+        // query.
+        let cached = self.inner.views.lock().await.get(&hello.topology).cloned();
+        let hold = match cached.filter(|v| v.topology_id == topology_id) {
             Some(view) => scenario::on_connect(self, &view, &hello.node).await,
             None => None,
         };

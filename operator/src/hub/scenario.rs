@@ -209,13 +209,12 @@ fn last_node_event(
     plan.scenario
         .iter()
         .enumerate()
-        .filter(|(i, e)| {
-            e.target == node
-                && e.change.is_node()
-                && planned_at(plan, start, *i).is_some_and(|at| at <= now)
-        })
         .filter_map(|(i, e)| match e.change {
-            EventChange::Node { restart } => Some((i, restart)),
+            EventChange::Node { restart }
+                if e.target == node && planned_at(plan, start, i).is_some_and(|at| at <= now) =>
+            {
+                Some((i, restart))
+            }
             _ => None,
         })
         .next_back()
