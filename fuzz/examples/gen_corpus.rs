@@ -416,6 +416,14 @@ fn multipath_routes() -> pb::RouteTable {
                 ],
             },
         ],
+        ranges: vec![pb::DestinationRange {
+            first: "198.18.0.10".into(),
+            last: "198.18.0.200".into(),
+            next_hops: vec![pb::NextHop {
+                link: "a-c".into(),
+                weight: 1,
+            }],
+        }],
         labels: vec![
             pb::LabelRoute {
                 route_id: 7,

@@ -132,6 +132,13 @@ fn route_table(routes: &pb::RouteTable, rng: &mut Rng) {
         .collect();
     addrs.extend(
         routes
+            .ranges
+            .iter()
+            .flat_map(|r| [&r.first, &r.last])
+            .filter_map(|a| a.parse::<IpAddr>().ok()),
+    );
+    addrs.extend(
+        routes
             .flow_rules
             .iter()
             .flat_map(|r| [&r.src_addr, &r.dst_addr])
@@ -208,6 +215,7 @@ fn known_link(routes: &pb::RouteTable, link: &str) -> bool {
         .destinations
         .iter()
         .flat_map(|d| &d.next_hops)
+        .chain(routes.ranges.iter().flat_map(|r| &r.next_hops))
         .any(|h| h.link == link)
         || routes.labels.iter().any(|l| l.next_link == link)
 }

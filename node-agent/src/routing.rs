@@ -11,12 +11,15 @@
 //! 2. Otherwise the first matching flow rule pins the flow to a label route.
 //! 3. Otherwise the destination address picks the next hop; with several next hops
 //!    the flow hash makes a weighted, per-flow-stable choice.
+//!
+//! Destinations are address ranges, sorted and searched by halves: the hub
+//! merges consecutive addresses with the same next hop, so a node of a
+//! 10,000-node ring holds four ranges, not 10,000 entries.
 
 use crate::flow::{FlowKey, Fnv1a, fmix64};
 use nextmini_proto::v1 as pb;
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 use thiserror::Error;
 
 #[derive(Debug, Error, PartialEq, Eq)]
@@ -27,6 +30,12 @@ pub enum RouteError {
     BadAddress { addr: String, used_by: String },
     #[error("two destination routes for {0}")]
     DuplicateDestination(IpAddr),
+    #[error("{used_by}: {first} and {last} are not an ascending range of one address family")]
+    BadRange {
+        first: IpAddr,
+        last: IpAddr,
+        used_by: String,
+    },
     #[error("two label routes with route id {0}")]
     DuplicateLabel(u32),
     #[error("{used_by}: route id 0 is reserved for destination routing")]
@@ -63,7 +72,8 @@ pub enum Decision<L> {
 
 #[derive(Clone, Debug)]
 pub struct RouteTable<L> {
-    destinations: HashMap<IpAddr, Destination<L>>,
+    /// Sorted by `lo`, not overlapping.
+    destinations: Vec<DestinationRange<L>>,
     labels: HashMap<u32, Hop<L>>,
     rules: Vec<Rule>,
     hop_limit: crate::hop_limit::HopLimit,
@@ -75,6 +85,27 @@ pub struct RouteTable<L> {
 enum Hop<L> {
     Local,
     Link(L),
+}
+
+/// Addresses `lo..=hi` (as [`addr_key`]s) and where they go.
+#[derive(Clone, Debug)]
+struct DestinationRange<L> {
+    lo: u128,
+    hi: u128,
+    to: Destination<L>,
+}
+
+/// An address as one ordered number: IPv4 as its IPv4-mapped IPv6 address,
+/// so both families sort in one table without colliding.
+fn addr_key(addr: IpAddr) -> u128 {
+    match addr {
+        IpAddr::V4(v4) => u128::from(v4.to_ipv6_mapped()),
+        IpAddr::V6(v6) => u128::from(v6),
+    }
+}
+
+fn key_addr(key: u128) -> IpAddr {
+    Ipv6Addr::from(key).to_canonical()
 }
 
 #[derive(Clone, Debug)]
@@ -165,7 +196,7 @@ impl<L> RouteTable<L> {
     /// `UnknownLabel`). What a node uses before its first snapshot arrives.
     pub fn empty() -> Self {
         Self {
-            destinations: HashMap::new(),
+            destinations: Vec::new(),
             labels: HashMap::new(),
             rules: Vec::new(),
             hop_limit: crate::hop_limit::HopLimit::DEFAULT,
@@ -223,39 +254,40 @@ impl<L> RouteTable<L> {
             }
         }
 
-        let mut destinations = HashMap::with_capacity(table.destinations.len());
+        let mut destinations = Vec::with_capacity(table.destinations.len() + table.ranges.len());
         for route in &table.destinations {
             let used_by = || format!("destination route to `{}`", route.node);
             let addr = parse_addr(&route.overlay_addr, &used_by)?;
             let used_by = || format!("destination route to `{}` ({addr})", route.node);
-            let destination = match route.next_hops.as_slice() {
-                [] => Destination::Local,
-                [hop] => Destination::One(link(&hop.link, &used_by)?),
-                hops => {
-                    let mut bounds = Vec::with_capacity(hops.len());
-                    let mut links = Vec::with_capacity(hops.len());
-                    let mut total = 0u64;
-                    let mut salt = Fnv1a::new();
-                    for hop in hops {
-                        total += u64::from(hop.weight.max(1));
-                        bounds.push(total);
-                        links.push(link(&hop.link, &used_by)?);
-                        salt.write(hop.link.as_bytes());
-                        salt.write(&[0]);
-                    }
-                    Destination::Weighted(Weighted {
-                        bounds,
-                        links,
-                        salt: salt.finish(),
-                    })
-                }
-            };
-            match destinations.entry(addr) {
-                Entry::Occupied(_) => return Err(RouteError::DuplicateDestination(addr)),
-                Entry::Vacant(slot) => {
-                    slot.insert(destination);
-                }
+            destinations.push(DestinationRange {
+                lo: addr_key(addr),
+                hi: addr_key(addr),
+                to: destination(&route.next_hops, &link, &used_by)?,
+            });
+        }
+        for range in &table.ranges {
+            let used_by = || format!("destination range {}-{}", range.first, range.last);
+            let first = parse_addr(&range.first, &used_by)?;
+            let last = parse_addr(&range.last, &used_by)?;
+            if first.is_ipv4() != last.is_ipv4() || addr_key(first) > addr_key(last) {
+                return Err(RouteError::BadRange {
+                    first,
+                    last,
+                    used_by: used_by(),
+                });
             }
+            destinations.push(DestinationRange {
+                lo: addr_key(first),
+                hi: addr_key(last),
+                to: destination(&range.next_hops, &link, &used_by)?,
+            });
+        }
+        destinations.sort_by_key(|d| d.lo);
+        if let Some(pair) = destinations
+            .windows(2)
+            .find(|pair| pair[1].lo <= pair[0].hi)
+        {
+            return Err(RouteError::DuplicateDestination(key_addr(pair[1].lo)));
         }
 
         let mut rules = Vec::with_capacity(table.flow_rules.len());
@@ -315,7 +347,15 @@ impl<L: Clone> RouteTable<L> {
                 None => Decision::Drop(DropReason::NoRoute),
             };
         }
-        match self.destinations.get(&key.dst) {
+        let at = addr_key(key.dst);
+        let found = self
+            .destinations
+            .partition_point(|d| d.lo <= at)
+            .checked_sub(1)
+            .and_then(|i| self.destinations.get(i))
+            .filter(|d| at <= d.hi)
+            .map(|d| &d.to);
+        match found {
             None => Decision::Drop(DropReason::NoRoute),
             Some(Destination::Local) => Decision::Local,
             Some(Destination::One(link)) => Decision::Forward {
@@ -342,6 +382,37 @@ impl<L: Clone> RouteTable<L> {
             },
         }
     }
+}
+
+/// Where a destination's `hops` go: local when empty, else one link or a
+/// weighted choice among several (a weight of 0, proto3's "unset", counts as 1).
+fn destination<L>(
+    hops: &[pb::NextHop],
+    link: &dyn Fn(&str, &dyn Fn() -> String) -> Result<L, RouteError>,
+    used_by: &dyn Fn() -> String,
+) -> Result<Destination<L>, RouteError> {
+    Ok(match hops {
+        [] => Destination::Local,
+        [hop] => Destination::One(link(&hop.link, used_by)?),
+        hops => {
+            let mut bounds = Vec::with_capacity(hops.len());
+            let mut links = Vec::with_capacity(hops.len());
+            let mut total = 0u64;
+            let mut salt = Fnv1a::new();
+            for hop in hops {
+                total += u64::from(hop.weight.max(1));
+                bounds.push(total);
+                links.push(link(&hop.link, used_by)?);
+                salt.write(hop.link.as_bytes());
+                salt.write(&[0]);
+            }
+            Destination::Weighted(Weighted {
+                bounds,
+                links,
+                salt: salt.finish(),
+            })
+        }
+    })
 }
 
 /// The match of flow rule `i`: its addresses and ranges checked.
@@ -529,6 +600,7 @@ mod tests {
                     ..Default::default()
                 },
             ],
+            ranges: Vec::new(),
             hop_limit: 300,
         })
     }
@@ -824,6 +896,120 @@ mod tests {
                 label: 0
             }
         );
+    }
+
+    fn range(first: u8, last: u8, hops: &[(&str, u32)]) -> pb::DestinationRange {
+        pb::DestinationRange {
+            first: addr(first).to_string(),
+            last: addr(last).to_string(),
+            next_hops: hops
+                .iter()
+                .map(|&(link, weight)| pb::NextHop {
+                    link: link.into(),
+                    weight,
+                })
+                .collect(),
+        }
+    }
+
+    /// Issue 16.2: a node's table as a few ranges, the way the hub sends a
+    /// ring's: every address from `first` to `last` takes the range's hop, both
+    /// ends included, beside single-address routes; nothing outside them routes.
+    #[test]
+    fn ranges_route_every_address_between_their_ends() {
+        let t = build(pb::RouteTable {
+            destinations: vec![dest("e", 200, &[("b-e", 1)])],
+            ranges: vec![
+                range(1, 1, &[]),
+                range(2, 100, &[("a-b", 1)]),
+                range(101, 150, &[("a-c", 1)]),
+                range(151, 160, &[("a-b", 1), ("a-d", 1)]),
+            ],
+            ..Default::default()
+        });
+        let via = |last: u8| match t.lookup(&key(last, 1), 0) {
+            Decision::Forward { link, .. } => Some(LINKS[link]),
+            Decision::Local => Some("local"),
+            Decision::Drop(_) => None,
+        };
+        assert_eq!(via(1), Some("local"));
+        for (last, expected) in [
+            (2, Some("a-b")),
+            (57, Some("a-b")),
+            (100, Some("a-b")),
+            (101, Some("a-c")),
+            (150, Some("a-c")),
+            (161, None),
+            (199, None),
+            (200, Some("b-e")),
+            (201, None),
+            (0, None),
+        ] {
+            assert_eq!(via(last), expected, "198.18.0.{last}");
+        }
+        assert!(matches!(via(155), Some("a-b" | "a-d")));
+        let v6: IpAddr = "::ffff:198.18.0.3"
+            .parse::<Ipv6Addr>()
+            .expect("addr")
+            .into();
+        let mut k = key(3, 1);
+        k.dst = "2001:db8::3".parse::<Ipv6Addr>().expect("addr").into();
+        assert_eq!(t.lookup(&k, 0), Decision::Drop(DropReason::NoRoute));
+        k.dst = v6;
+        assert!(
+            matches!(t.lookup(&k, 0), Decision::Forward { .. }),
+            "the mapped form is the same address"
+        );
+    }
+
+    #[test]
+    fn overlapping_or_reversed_ranges_are_refused() {
+        let err = |table: pb::RouteTable| {
+            RouteTable::from_proto(&table, resolve)
+                .map(|_| ())
+                .expect_err("refused")
+        };
+        assert_eq!(
+            err(pb::RouteTable {
+                ranges: vec![range(2, 10, &[("a-b", 1)]), range(10, 12, &[("a-c", 1)])],
+                ..Default::default()
+            }),
+            RouteError::DuplicateDestination(addr(10))
+        );
+        assert_eq!(
+            err(pb::RouteTable {
+                destinations: vec![dest("e", 5, &[("b-e", 1)])],
+                ranges: vec![range(2, 10, &[("a-b", 1)])],
+                ..Default::default()
+            }),
+            RouteError::DuplicateDestination(addr(5))
+        );
+        assert!(matches!(
+            err(pb::RouteTable {
+                ranges: vec![range(9, 2, &[("a-b", 1)])],
+                ..Default::default()
+            }),
+            RouteError::BadRange { .. }
+        ));
+        let mixed = pb::DestinationRange {
+            first: "198.18.0.1".into(),
+            last: "2001:db8::1".into(),
+            next_hops: Vec::new(),
+        };
+        assert!(matches!(
+            err(pb::RouteTable {
+                ranges: vec![mixed],
+                ..Default::default()
+            }),
+            RouteError::BadRange { .. }
+        ));
+        assert!(matches!(
+            err(pb::RouteTable {
+                ranges: vec![range(2, 10, &[("nope", 1)])],
+                ..Default::default()
+            }),
+            RouteError::UnknownLink { .. }
+        ));
     }
 
     #[test]

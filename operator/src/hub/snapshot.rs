@@ -15,9 +15,8 @@ pub struct TopologyView {
     pub topology_id: i64,
     pub generation: i64,
     pub plan: Plan,
-    /// Per node (by index), the next hop to each node: (destination index,
-    /// link index or `plan::TO_ITSELF`).
-    hops: Vec<Vec<(u32, u32)>>,
+    /// Per node (by index), its next hops as runs over destination indices.
+    hops: Vec<Vec<crate::plan::HopRun>>,
     /// The topology's link certificate and key, handed to every agent.
     pub identity: Option<crate::store::LinkIdentity>,
     /// Explicit routes that follow the topology's links: route id → (path, the
@@ -31,9 +30,11 @@ pub struct TopologyView {
     /// destination, and a linear search made serving 1,000 agents cubic (half
     /// the hub's time on a change, by perf).
     nodes: HashMap<String, usize>,
-    /// Each node's overlay address as text, in `plan.nodes` order: every
-    /// snapshot lists all of them.
+    /// Each node's overlay address as text, in `plan.nodes` order.
     overlays: Vec<String>,
+    /// Node indices whose overlay address does not follow the previous
+    /// node's (ascending): a destination range cannot cross one.
+    overlay_breaks: Vec<u32>,
     /// Stored rows this view could not take as written, and what runs instead.
     pub problems: Vec<crate::store::TopologyProblem>,
 }
@@ -128,7 +129,7 @@ fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
 
 impl TopologyView {
     pub fn new(plan: Plan, generation: i64) -> TopologyView {
-        let hops = crate::plan::next_hop_indices(&plan);
+        let hops = crate::plan::next_hop_runs(&plan);
         let nodes = plan
             .nodes
             .iter()
@@ -136,6 +137,15 @@ impl TopologyView {
             .map(|(i, n)| (n.name.clone(), i))
             .collect();
         let overlays = plan.nodes.iter().map(|n| n.overlay.to_string()).collect();
+        let overlay_breaks = plan
+            .nodes
+            .windows(2)
+            .enumerate()
+            .filter(|(_, pair)| {
+                u32::from(pair[0].overlay).checked_add(1) != Some(u32::from(pair[1].overlay))
+            })
+            .map(|(i, _)| i as u32 + 1)
+            .collect();
         TopologyView {
             topology_id: 0,
             generation,
@@ -147,6 +157,7 @@ impl TopologyView {
             underlay: Underlay::Bridge,
             nodes,
             overlays,
+            overlay_breaks,
             problems: Vec::new(),
         }
     }
@@ -202,13 +213,17 @@ impl TopologyView {
         fn link(view: &TopologyView, i: u32) -> Option<&str> {
             view.plan.links.get(i as usize).map(|l| l.name.as_str())
         }
+        // Runs merge destinations by link index, and equal indices name equal
+        // links within one view: the same runs by name are the same table.
         self.hops.len() == old.hops.len()
             && self.hops.iter().zip(&old.hops).all(|(mine, theirs)| {
                 mine.len() == theirs.len()
-                    && mine
-                        .iter()
-                        .zip(theirs)
-                        .all(|(&(d, l), &(od, ol))| d == od && link(self, l) == link(old, ol))
+                    && mine.iter().zip(theirs).all(|(m, t)| {
+                        m.first == t.first
+                            && (m.link == t.link && m.link >= crate::plan::UNREACHABLE
+                                || link(self, m.link).is_some()
+                                    && link(self, m.link) == link(old, t.link))
+                    })
             })
     }
 
@@ -384,30 +399,10 @@ impl TopologyView {
                 })
             })
             .collect();
-        let destinations = self
+        let ranges = self
             .nodes
             .get(node)
-            .and_then(|&i| self.hops.get(i))
-            .map(|hops| {
-                hops.iter()
-                    .filter_map(|&(dst, link)| {
-                        let dst = dst as usize;
-                        Some(pb::DestinationRoute {
-                            node: plan.nodes.get(dst)?.name.clone(),
-                            overlay_addr: self.overlays.get(dst)?.clone(),
-                            next_hops: plan
-                                .links
-                                .get(link as usize)
-                                .map(|l| pb::NextHop {
-                                    link: l.name.clone(),
-                                    weight: 1,
-                                })
-                                .into_iter()
-                                .collect(),
-                        })
-                    })
-                    .collect()
-            })
+            .map(|&i| self.destination_ranges(i))
             .unwrap_or_default();
         let (labels, flow_rules) = self.explicit_routes(node);
         Some(pb::Snapshot {
@@ -431,15 +426,20 @@ impl TopologyView {
                         "transparent".into()
                     },
                 }),
-                peers: plan
-                    .nodes
-                    .iter()
-                    .zip(&self.overlays)
-                    .map(|(n, overlay)| pb::PeerAddress {
-                        node: n.name.clone(),
-                        overlay_addr: overlay.clone(),
-                    })
-                    .collect(),
+                // Only SOCKS entries look names up; a list of every node in
+                // every agent made an agent's memory grow with the topology.
+                peers: if me.socks.is_empty() {
+                    Vec::new()
+                } else {
+                    plan.nodes
+                        .iter()
+                        .zip(&self.overlays)
+                        .map(|(n, overlay)| pb::PeerAddress {
+                            node: n.name.clone(),
+                            overlay_addr: overlay.clone(),
+                        })
+                        .collect()
+                },
                 link_cert_der: self
                     .identity
                     .as_ref()
@@ -456,7 +456,8 @@ impl TopologyView {
             }),
             links,
             routes: Some(pb::RouteTable {
-                destinations,
+                destinations: Vec::new(),
+                ranges,
                 labels,
                 flow_rules,
                 hop_limit: hop_limit(plan.nodes.len()),
@@ -464,6 +465,49 @@ impl TopologyView {
             report_interval_ms: plan.report_interval_ms,
             flows: self.flow_tasks(node),
         })
+    }
+
+    /// Node `i`'s destination routes: each run of its next hops, cut where
+    /// the overlay addresses stop being consecutive.
+    fn destination_ranges(&self, i: usize) -> Vec<pb::DestinationRange> {
+        let Some(row) = self.hops.get(i) else {
+            return Vec::new();
+        };
+        let mut ranges = Vec::with_capacity(row.len());
+        for (dsts, link) in crate::plan::expand_runs(row, self.plan.nodes.len()) {
+            let next_hops: Vec<pb::NextHop> = self
+                .plan
+                .links
+                .get(link as usize)
+                .map(|l| pb::NextHop {
+                    link: l.name.clone(),
+                    weight: 1,
+                })
+                .into_iter()
+                .collect();
+            let mut start = dsts.start;
+            let from = self.overlay_breaks.partition_point(|&b| b <= start);
+            let cuts = self.overlay_breaks[from..]
+                .iter()
+                .copied()
+                .take_while(|&b| b < dsts.end)
+                .chain(std::iter::once(dsts.end));
+            for cut in cuts {
+                let (Some(first), Some(last)) = (
+                    self.overlays.get(start as usize),
+                    self.overlays.get(cut as usize - 1),
+                ) else {
+                    break;
+                };
+                ranges.push(pb::DestinationRange {
+                    first: first.clone(),
+                    last: last.clone(),
+                    next_hops: next_hops.clone(),
+                });
+                start = cut;
+            }
+        }
+        ranges
     }
 
     /// The synthetic flows `node` is the source or the sink of.
@@ -634,7 +678,7 @@ mod tests {
         assert_eq!(node.overlay_addr, "198.18.0.2");
         assert_eq!(node.overlay_prefix_len, 16);
         assert_eq!(node.listen_addr, format!("198.19.0.2:{LINK_PORT}"));
-        assert_eq!(node.peers.len(), 3);
+        assert!(node.peers.is_empty(), "names go only to SOCKS nodes");
 
         let links: Vec<(String, String, i32, String)> = s
             .links
@@ -666,18 +710,136 @@ mod tests {
             ]
         );
 
-        let routes = s.routes.expect("routes").destinations;
+        let routes = s.routes.expect("routes");
+        assert!(routes.destinations.is_empty(), "the hub sends ranges");
         let via = |dst: &str| {
-            routes.iter().find(|r| r.node == dst).map(|r| {
-                r.next_hops
-                    .iter()
-                    .map(|h| h.link.clone())
-                    .collect::<Vec<_>>()
-            })
+            let addr: std::net::Ipv4Addr = dst.parse().expect("address");
+            routes
+                .ranges
+                .iter()
+                .find(|r| {
+                    let first: std::net::Ipv4Addr = r.first.parse().expect("first");
+                    let last: std::net::Ipv4Addr = r.last.parse().expect("last");
+                    (first..=last).contains(&addr)
+                })
+                .map(|r| {
+                    r.next_hops
+                        .iter()
+                        .map(|h| h.link.clone())
+                        .collect::<Vec<_>>()
+                })
         };
-        assert_eq!(via("a"), Some(vec!["a-b".to_string()]));
-        assert_eq!(via("c"), Some(vec!["b-c".to_string()]));
-        assert_eq!(via("b"), Some(vec![]), "own address is delivered locally");
+        assert_eq!(via("198.18.0.1"), Some(vec!["a-b".to_string()]));
+        assert_eq!(via("198.18.0.3"), Some(vec!["b-c".to_string()]));
+        assert_eq!(
+            via("198.18.0.2"),
+            Some(vec![]),
+            "own address is delivered locally"
+        );
+        assert_eq!(via("198.18.0.4"), None, "no route beyond the nodes");
+    }
+
+    fn ring(nodes: usize) -> Plan {
+        let text = format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: ring}}\n\
+             spec: {{generator: {{ring: {{nodes: {nodes}}}}}}}\n"
+        );
+        let manifest = crate::plan::parse_manifest("ring.yaml", &text).expect("parses");
+        crate::plan::plan_manifest(&manifest)
+            .expect("plans")
+            .remove(0)
+    }
+
+    /// Where `addr` goes by `ranges`: the next hop's link, "" for local, or
+    /// None when no range holds it.
+    fn range_lookup(ranges: &[pb::DestinationRange], addr: std::net::Ipv4Addr) -> Option<String> {
+        let hit: Vec<&pb::DestinationRange> = ranges
+            .iter()
+            .filter(|r| {
+                let first: std::net::Ipv4Addr = r.first.parse().expect("first");
+                let last: std::net::Ipv4Addr = r.last.parse().expect("last");
+                first <= last && (first..=last).contains(&addr)
+            })
+            .collect();
+        assert!(hit.len() <= 1, "{addr} is in {} ranges", hit.len());
+        hit.first().map(|r| {
+            r.next_hops
+                .first()
+                .map(|h| h.link.clone())
+                .unwrap_or_default()
+        })
+    }
+
+    /// Issue 16.2: every node's ranges send each address where the
+    /// shortest-path table does, and a ring's node holds at most four ranges
+    /// at any size: its forwarding state does not grow with the topology.
+    #[test]
+    fn destination_ranges_follow_the_shortest_paths_in_a_few_ranges() {
+        let plan = ring(41);
+        let table = crate::plan::next_hops(&plan);
+        let view = TopologyView::new(plan, 1);
+        for node in &view.plan.nodes {
+            let ranges = view
+                .snapshot(&node.name)
+                .and_then(|s| s.routes)
+                .expect("routes")
+                .ranges;
+            assert!(ranges.len() <= 4, "{}: {} ranges", node.name, ranges.len());
+            for hop in &table[&node.name] {
+                let (dst, _) = view.node(&hop.dst).expect("node");
+                assert_eq!(
+                    range_lookup(&ranges, dst.overlay),
+                    Some(hop.link.clone().unwrap_or_default()),
+                    "{} -> {}",
+                    node.name,
+                    hop.dst
+                );
+            }
+        }
+        let big = TopologyView::new(ring(2_000), 1);
+        let runs: usize = big.hops.iter().map(Vec::len).sum();
+        assert!(runs <= 4 * 2_000, "{runs} runs for 2,000 nodes");
+        for name in ["n0", "n999", "n1999"] {
+            let s = big.snapshot(name).expect("node");
+            let routes = s.routes.expect("routes");
+            assert!(
+                routes.ranges.len() <= 4,
+                "{name}: {} ranges",
+                routes.ranges.len()
+            );
+            let node = s.node.expect("node config");
+            assert!(node.peers.is_empty());
+            let size = prost::Message::encoded_len(&routes) + prost::Message::encoded_len(&node);
+            assert!(
+                size < 1024,
+                "{name}: {size} bytes of node config and routes"
+            );
+        }
+    }
+
+    /// Addresses that do not follow each other split a run of next hops:
+    /// a range never covers an address no node has.
+    #[test]
+    fn a_gap_between_overlay_addresses_cuts_the_range() {
+        let mut plan = ring(8);
+        for node in plan.nodes.iter_mut().skip(2) {
+            node.overlay = std::net::Ipv4Addr::from(u32::from(node.overlay) + 10);
+        }
+        let view = TopologyView::new(plan, 1);
+        let ranges = view
+            .snapshot("n0")
+            .and_then(|s| s.routes)
+            .expect("routes")
+            .ranges;
+        let gap: std::net::Ipv4Addr = "198.18.0.5".parse().expect("address");
+        assert_eq!(range_lookup(&ranges, gap), None, "{ranges:?}");
+        for node in &view.plan.nodes {
+            assert!(
+                range_lookup(&ranges, node.overlay).is_some(),
+                "{} unreachable",
+                node.name
+            );
+        }
     }
 
     /// The guard must let a packet cross the longest planned path: a 300-node

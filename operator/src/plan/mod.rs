@@ -34,7 +34,10 @@ pub use errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};
 pub use flows::{WEB_SEARCH_CSV, cdf_mean, parse_csv};
 pub use model::*;
 pub use parse::{Doc, Manifest, parse_manifest};
-pub use routes::{TO_ITSELF, longest_path, next_hop_indices, next_hops, path_links, warnings};
+pub use routes::{
+    HopRun, TO_ITSELF, UNREACHABLE, expand_runs, longest_path, next_hop_runs, next_hops,
+    path_links, warnings,
+};
 pub use validate::{check_local, dns_label_problem, local_warnings};
 
 /// Validates every Topology in the manifest together with the Links and Flows that name

@@ -119,17 +119,29 @@ impl<'a> Graph<'a> {
     }
 }
 
-/// The link index [`next_hop_indices`] gives for a node's own address.
+/// The link index a [`HopRun`] gives for a node's own address.
 pub const TO_ITSELF: u32 = u32::MAX;
+/// The link index of a [`HopRun`] over destinations the node cannot reach.
+pub const UNREACHABLE: u32 = u32::MAX - 1;
 
-/// For every node (by index in `plan.nodes`), the next hop towards every
-/// reachable node (itself included, with [`TO_ITSELF`]) as (destination
-/// index, index in `plan.links`), by fewest hops; ties go to the lowest link
-/// name. Destinations appear in node order. One BFS per destination:
-/// O(n·(n+m)). Eight bytes a pair: the hub keeps this table for every
-/// topology, and with names it took about 100 bytes a pair (400 MB at 2,000
-/// nodes).
-pub fn next_hop_indices(plan: &Plan) -> Vec<Vec<(u32, u32)>> {
+/// Destinations from `first` (an index in `plan.nodes`) up to the next run's
+/// `first` (or the last node) all go by `link` (an index in `plan.links`,
+/// [`TO_ITSELF`] or [`UNREACHABLE`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HopRun {
+    pub first: u32,
+    pub link: u32,
+}
+
+/// For every node (by index in `plan.nodes`), its next hop towards every node
+/// by fewest hops (ties go to the lowest link name), as runs of consecutive
+/// destinations that share the next hop. A generator numbers its nodes along
+/// the topology's structure, so a row holds a handful of runs however large
+/// the topology is (a ring's row has 4, a line's 3, a fat-tree host's 3): the
+/// hub keeps these rows for every topology, and the full table was 8 bytes a
+/// pair (800 MB at 10,000 nodes). One BFS per destination: O(n·(n+m)) time,
+/// O(n) besides the runs.
+pub fn next_hop_runs(plan: &Plan) -> Vec<Vec<HopRun>> {
     let graph = Graph::from_plan(plan);
     let link_index: HashMap<&str, u32> = plan
         .links
@@ -138,35 +150,54 @@ pub fn next_hop_indices(plan: &Plan) -> Vec<Vec<(u32, u32)>> {
         .map(|(i, l)| (l.name.as_str(), i as u32))
         .collect();
     let n = graph.names.len();
-    let mut tables: Vec<Vec<(u32, u32)>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    let mut rows: Vec<Vec<HopRun>> = vec![Vec::new(); n];
     for dst in 0..n {
         // Distances *to* dst equal distances from it: links are bidirectional.
         let dist = graph.distances(dst);
-        for (u, table) in tables.iter_mut().enumerate() {
+        for (u, row) in rows.iter_mut().enumerate() {
             let link = match dist[u] {
-                UNREACHED => continue,
+                UNREACHED => UNREACHABLE,
                 0 => TO_ITSELF,
                 d => graph.adjacency[u]
                     .iter()
                     .find(|(v, _)| dist[*v] == d - 1)
                     .and_then(|(_, l)| link_index.get(l).copied())
-                    .unwrap_or(TO_ITSELF),
+                    .unwrap_or(UNREACHABLE),
             };
-            table.push((dst as u32, link));
+            if row.last().is_none_or(|run| run.link != link) {
+                row.push(HopRun {
+                    first: dst as u32,
+                    link,
+                });
+            }
         }
     }
-    tables
+    for row in &mut rows {
+        row.shrink_to_fit();
+    }
+    rows
 }
 
-/// [`next_hop_indices`] by name: for every node, the next hop towards every
+/// The runs of a row as `(destinations, link)`, with the unreachable ones left out.
+pub fn expand_runs(
+    row: &[HopRun],
+    nodes: usize,
+) -> impl Iterator<Item = (std::ops::Range<u32>, u32)> + '_ {
+    row.iter().enumerate().filter_map(move |(i, run)| {
+        let end = row.get(i + 1).map_or(nodes as u32, |next| next.first);
+        (run.link != UNREACHABLE).then_some((run.first..end, run.link))
+    })
+}
+
+/// [`next_hop_runs`] by name: for every node, the next hop towards every
 /// reachable node (itself included, with no link).
 pub fn next_hops(plan: &Plan) -> BTreeMap<String, Vec<NextHop>> {
-    next_hop_indices(plan)
+    next_hop_runs(plan)
         .into_iter()
         .zip(&plan.nodes)
-        .map(|(table, node)| {
-            let hops = table
-                .into_iter()
+        .map(|(row, node)| {
+            let hops = expand_runs(&row, plan.nodes.len())
+                .flat_map(|(dsts, link)| dsts.map(move |dst| (dst, link)))
                 .map(|(dst, link)| NextHop {
                     dst: plan.nodes[dst as usize].name.clone(),
                     link: plan.links.get(link as usize).map(|l| l.name.clone()),
