@@ -384,11 +384,14 @@ impl<L: Clone> RouteTable<L> {
     }
 }
 
+/// Resolves a link name to its handle, or says which route named an unknown one.
+type LinkResolver<'a, L> = dyn Fn(&str, &dyn Fn() -> String) -> Result<L, RouteError> + 'a;
+
 /// Where a destination's `hops` go: local when empty, else one link or a
 /// weighted choice among several (a weight of 0, proto3's "unset", counts as 1).
 fn destination<L>(
     hops: &[pb::NextHop],
-    link: &dyn Fn(&str, &dyn Fn() -> String) -> Result<L, RouteError>,
+    link: &LinkResolver<'_, L>,
     used_by: &dyn Fn() -> String,
 ) -> Result<Destination<L>, RouteError> {
     Ok(match hops {
