@@ -235,6 +235,7 @@ async fn session(
     }
     let mut report_every = Duration::from_millis(1000);
     let mut ticker = tokio::time::interval(report_every);
+    let mut idle = IdleReports::default();
     loop {
         tokio::select! {
             msg = inbound.message() => {
@@ -249,6 +250,7 @@ async fn session(
                                 ticker = tokio::time::interval(report_every);
                             }
                         }
+                        idle.every = Duration::from_millis(u64::from(s.idle_report_interval_ms));
                         let error = match dataplane.apply_snapshot(s).await {
                             Ok(()) => {
                                 tracing::info!(generation, "snapshot applied");
@@ -306,22 +308,87 @@ async fn session(
                 tx.send(message(pb::agent_message::Msg::ScenarioApplied(report))).await?;
             }
             _ = ticker.tick() => {
-                *sequence += 1;
-                let report = pb::Report {
-                    sequence: *sequence,
-                    generation: dataplane.generation(),
-                    links: dataplane.link_counters(),
-                    unix_ms: std::time::SystemTime::now()
-                        .duration_since(std::time::UNIX_EPOCH)
-                        .map(|d| d.as_millis() as u64)
-                        .unwrap_or(0),
-                };
-                tx.send(message(pb::agent_message::Msg::Report(report))).await?;
+                let generation = dataplane.generation();
+                let links = dataplane.link_counters();
+                let news = idle.send_now(generation, &links, report_every);
+                if !news {
+                    // Nothing new: look again later than every interval, so an
+                    // idle agent wakes a few times per idle interval, not every
+                    // interval.
+                    ticker.reset_after(idle.quiet_tick(report_every));
+                }
+                if news {
+                    *sequence += 1;
+                    let report = pb::Report {
+                        sequence: *sequence,
+                        generation,
+                        links,
+                        unix_ms: std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_millis() as u64)
+                            .unwrap_or(0),
+                    };
+                    tx.send(message(pb::agent_message::Msg::Report(report))).await?;
+                }
                 while let Some(results) = dataplane.synth().and_then(|s| s.next_report()) {
                     tx.send(message(pb::agent_message::Msg::FlowReport(results))).await?;
                 }
             }
         }
+    }
+}
+
+/// Whether a report is due: one that says something new goes at once, and one
+/// that would repeat the last waits for the hub's idle interval. A thousand
+/// idle agents otherwise send a thousand reports a second that change nothing.
+/// The longest an idle agent waits between looks at its counters.
+const QUIET_TICK_MAX: Duration = Duration::from_secs(5);
+
+#[derive(Debug, Default)]
+struct IdleReports {
+    /// The hub's `idle_report_interval_ms`; zero reports every interval.
+    every: Duration,
+    /// The last report sent (generation, links without round-trip times) and when.
+    last: Option<(u64, Vec<pb::LinkCounters>, std::time::Instant)>,
+}
+
+impl IdleReports {
+    /// How long to wait before looking again after a report that said nothing
+    /// new: the interval for a topology whose agents report every interval,
+    /// else a quarter of the idle interval, at most 5 s (so news waits at most
+    /// that long).
+    fn quiet_tick(&self, interval: Duration) -> Duration {
+        (self.every / 4).min(QUIET_TICK_MAX).max(interval)
+    }
+
+    fn send_now(
+        &mut self,
+        generation: u64,
+        links: &[pb::LinkCounters],
+        interval: Duration,
+    ) -> bool {
+        let now = std::time::Instant::now();
+        // The probes' round-trip times move on an idle link too; the first
+        // one is news (it tells the hub that the link forwards).
+        let said: Vec<pb::LinkCounters> = links
+            .iter()
+            .map(|l| pb::LinkCounters {
+                rtt_us: u64::from(l.rtt_us > 0),
+                ..l.clone()
+            })
+            .collect();
+        let due = match &self.last {
+            // Half an interval early, so ticks that land a hair short of the
+            // idle interval do not stretch it by a whole interval.
+            Some((g, last, at)) if *g == generation && *last == said => {
+                now.duration_since(*at) + interval / 2 >= self.every
+            }
+            _ => true,
+        };
+        if due {
+            self.last = Some((generation, said, now));
+        }
+        due
     }
 }
 
@@ -348,6 +415,72 @@ fn message(msg: pb::agent_message::Msg) -> pb::AgentMessage {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn link(tx_packets: u64, rtt_us: u64) -> pb::LinkCounters {
+        pb::LinkCounters {
+            link: "a-b".into(),
+            connected: true,
+            tx_packets,
+            rtt_us,
+            ..Default::default()
+        }
+    }
+
+    /// Issue 16: an idle agent reports every idle interval, not every
+    /// interval; traffic, a new generation or the first round trip go at once.
+    #[test]
+    fn reports_that_repeat_the_last_wait_for_the_idle_interval() {
+        let interval = Duration::from_millis(100);
+        let mut idle = IdleReports {
+            every: Duration::from_millis(300),
+            last: None,
+        };
+        assert!(
+            idle.send_now(1, &[link(0, 0)], interval),
+            "the first report goes"
+        );
+        assert!(
+            idle.send_now(1, &[link(0, 250)], interval),
+            "the first round trip is news"
+        );
+        assert!(
+            !idle.send_now(1, &[link(0, 260)], interval),
+            "a new round trip alone is not"
+        );
+        assert!(
+            idle.send_now(1, &[link(5, 260)], interval),
+            "traffic is news"
+        );
+        assert!(
+            idle.send_now(2, &[link(5, 260)], interval),
+            "so is a new generation"
+        );
+        assert!(!idle.send_now(2, &[link(5, 260)], interval));
+        std::thread::sleep(Duration::from_millis(260));
+        assert!(
+            idle.send_now(2, &[link(5, 260)], interval),
+            "the idle interval is up (within half an interval)"
+        );
+        assert_eq!(
+            idle.quiet_tick(interval),
+            interval,
+            "a quarter of 300 ms is less than the interval"
+        );
+        let large = IdleReports {
+            every: Duration::from_secs(30),
+            last: None,
+        };
+        assert_eq!(
+            large.quiet_tick(Duration::from_secs(1)),
+            Duration::from_secs(5)
+        );
+        let mut every_time = IdleReports::default();
+        assert!(every_time.send_now(1, &[link(0, 0)], interval));
+        assert!(
+            every_time.send_now(1, &[link(0, 0)], interval),
+            "no idle interval: every report goes"
+        );
+    }
 
     #[test]
     fn hub_addresses_are_tls_only() {

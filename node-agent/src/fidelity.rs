@@ -141,6 +141,24 @@ impl Guard {
     /// Fills `unfaithful` of every link in `links` (the counters just read, with
     /// `max_late_us` covering the window).
     pub fn judge_report(&mut self, links: &mut [pb::LinkCounters]) {
+        // An idle agent judges nothing and reads no /proc file: at thousands of
+        // agents on a machine, those reads were a good part of their idle CPU.
+        let active = links.iter().any(|l| {
+            let before = self.seen.get(&l.link).copied().unwrap_or_default();
+            l.tx_packets != before.sent
+                || l.late_packets != before.late
+                || l.behind_us != before.behind_us
+                || l.drops.saturating_sub(l.drops_down) != before.drops
+        });
+        if !active {
+            // Nothing ran, so nothing waited for a CPU: the wait and throttle
+            // baselines stay valid; only the wall clock starts again.
+            self.cpu.at = Instant::now();
+            for l in links.iter_mut() {
+                l.unfaithful.clear();
+            }
+            return;
+        }
         let cpu = self.cpu.window();
         let mut seen = HashMap::with_capacity(links.len());
         for l in links.iter_mut() {

@@ -39,8 +39,12 @@ const READ_BUFFER: usize = 64 * 1024;
 /// Frames fed to the writer are written when it is flushed, in one write, up
 /// to this much (the default of 8 KiB wrote every sixth frame on its own).
 const WRITE_BOUNDARY: usize = 256 * 1024;
-/// How often a link measures its connection's round trip.
+/// How often a link that carries traffic measures its connection's round trip.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+/// How often an idle link does: a probe wakes both ends and its answer wakes
+/// them again, which at thousands of idle agents on a machine was most of
+/// their CPU.
+const IDLE_PROBE_EVERY: Duration = Duration::from_secs(10);
 /// Keepalive flag: this frame answers a probe.
 const PROBE_REPLY: u8 = 1;
 
@@ -368,7 +372,11 @@ impl LinkTask {
                 echo: echo_tx,
             },
         ));
-        let mut probe = tokio::time::interval(PROBE_EVERY);
+        // The first probe goes at once, so the round trip is known early.
+        let probe = tokio::time::sleep(Duration::ZERO);
+        tokio::pin!(probe);
+        let traffic = |c: &LinkCounters| c.tx_packets.load(Relaxed) + c.rx_packets.load(Relaxed);
+        let mut traffic_at_probe = traffic(&self.counters);
         let mut timer = match PreciseTimer::new() {
             Ok(t) => t,
             Err(e) => return Outcome::Broken(format!("timer: {e}")),
@@ -382,11 +390,15 @@ impl LinkTask {
                     self.intake(packet);
                 }
                 _ = async { timer.sleep_until(deadline.unwrap_or_else(Instant::now)).await }, if deadline.is_some() => {}
-                _ = probe.tick() => {
+                _ = &mut probe => {
                     let sent_at = bytes::Bytes::copy_from_slice(&self.now().to_be_bytes());
                     if let Err(e) = writer.send(keepalive(0, sent_at)).await {
                         break Outcome::Broken(e.to_string());
                     }
+                    let now = traffic(&self.counters);
+                    let next = if now != traffic_at_probe { PROBE_EVERY } else { IDLE_PROBE_EVERY };
+                    traffic_at_probe = now;
+                    probe.as_mut().reset(tokio::time::Instant::now() + next);
                 }
                 echo = echo_rx.recv() => {
                     if let Some(payload) = echo

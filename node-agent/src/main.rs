@@ -142,8 +142,13 @@ fn main() -> anyhow::Result<()> {
             credential,
             tls,
         };
+        // The control loop runs as a task on the workers, not in `block_on` on
+        // the main thread: each report tick would otherwise wake the main
+        // thread from a worker (a futex and an eventfd write per tick), which
+        // across thousands of idle agents on a machine is real CPU.
+        let control = tokio::spawn(control::run(args.hub, identity, dataplane));
         tokio::select! {
-            _ = control::run(args.hub, identity, dataplane) => {}
+            _ = control => {}
             _ = shutdown_signal() => tracing::info!("stopping"),
         }
     });

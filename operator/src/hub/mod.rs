@@ -445,7 +445,11 @@ impl Hub {
                         }
                         let applying = u64::try_from(e.generation).unwrap_or(0)
                             > e.liveness.acked.load(Ordering::Relaxed);
-                        let limit = session::silence_limit_ms(e.report_interval_ms, applying);
+                        let limit = session::silence_limit_ms(
+                            e.report_interval_ms,
+                            e.idle_report_interval_ms,
+                            applying,
+                        );
                         now.saturating_sub(e.liveness.last_seen_ms.load(Ordering::Relaxed)) > limit
                     })
                     .map(|(k, _)| k.clone())
@@ -583,6 +587,7 @@ fn bring_up_to_date(
         .map(pb::controller_message::Msg::Delta)
         .unwrap_or_else(|| pb::controller_message::Msg::Snapshot(next.clone()));
     entry.report_interval_ms = new.plan.report_interval_ms;
+    entry.idle_report_interval_ms = next.idle_report_interval_ms;
     if entry.send(msg) {
         entry.generation = new.generation;
         entry.config = Some(SentConfig::of(&next));
@@ -681,6 +686,7 @@ impl Control for Hub {
                 liveness: liveness.clone(),
                 topology_id,
                 report_interval_ms: view.plan.report_interval_ms,
+                idle_report_interval_ms: snapshot.idle_report_interval_ms,
                 metrics: self.inner.metrics.clone(),
                 held: hold.is_some(),
             };

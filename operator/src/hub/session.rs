@@ -26,6 +26,8 @@ pub(super) struct SessionEntry {
     pub liveness: Arc<Liveness>,
     pub topology_id: i64,
     pub report_interval_ms: u32,
+    /// The snapshot's `idle_report_interval_ms`.
+    pub idle_report_interval_ms: u32,
     pub metrics: Arc<crate::observe::HubMetrics>,
     /// A timed scenario's `kill` holds the node down (a cluster): the agent
     /// gets no config, and no change, until the node's restart
@@ -82,17 +84,23 @@ impl Liveness {
 /// done, which takes seconds for a large snapshot on a crowded machine:
 /// dropping it then makes it reconnect and start over with another snapshot,
 /// and at 2,000 agents on two cores that fed on itself until only a tenth
-/// stayed connected. A dead or frozen process is still found by the
-/// connection's HTTP/2 keepalive within 10 s.
-pub(super) fn silence_limit_ms(report_interval_ms: u32, applying: bool) -> u64 {
+/// stayed connected. An idle agent reports only every idle interval, so the
+/// limit runs from its idle report. A dead or frozen process is still found by
+/// the connection's HTTP/2 keepalive within 10 s.
+pub(super) fn silence_limit_ms(
+    report_interval_ms: u32,
+    idle_report_interval_ms: u32,
+    applying: bool,
+) -> u64 {
     if applying {
         return APPLYING_SILENCE.as_millis() as u64;
     }
-    (u64::from(report_interval_ms) * SILENT_INTERVALS).max(SILENCE_MIN.as_millis() as u64)
+    let quiet = u64::from(idle_report_interval_ms.saturating_sub(report_interval_ms));
+    (u64::from(report_interval_ms) * SILENT_INTERVALS).max(SILENCE_MIN.as_millis() as u64) + quiet
 }
 
-/// An agent silent for this many report intervals (at least `SILENCE_MIN`) is
-/// marked disconnected and its session dropped.
+/// An agent silent for this many report intervals (at least `SILENCE_MIN`)
+/// past its idle interval is marked disconnected and its session dropped.
 const SILENT_INTERVALS: u64 = 3;
 const SILENCE_MIN: Duration = Duration::from_secs(3);
 /// The limit while the agent applies a config it has not acknowledged.
@@ -423,10 +431,12 @@ mod silence_tests {
     fn an_agent_applying_its_config_gets_time_a_steady_one_does_not() {
         // A steady agent: three report intervals, at least 3 s (a hung agent
         // is marked down within seconds, RELIABILITY.md).
-        assert_eq!(silence_limit_ms(1000, false), 3000);
-        assert_eq!(silence_limit_ms(100, false), 3000);
-        assert_eq!(silence_limit_ms(5000, false), 15_000);
+        assert_eq!(silence_limit_ms(1000, 1000, false), 3000);
+        assert_eq!(silence_limit_ms(100, 100, false), 3000);
+        assert_eq!(silence_limit_ms(5000, 5000, false), 15_000);
         // Applying an unacknowledged config: a minute.
-        assert_eq!(silence_limit_ms(1000, true), 60_000);
+        assert_eq!(silence_limit_ms(1000, 1000, true), 60_000);
+        // A 10,000-node topology's idle agents report every 30 s.
+        assert_eq!(silence_limit_ms(1000, 30_000, false), 32_000);
     }
 }

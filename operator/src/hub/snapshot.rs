@@ -50,6 +50,22 @@ pub fn hop_limit(nodes: usize) -> u32 {
     u32::try_from(nodes).map_or(u32::from(u16::MAX), |n| n.clamp(64, u32::from(u16::MAX)))
 }
 
+/// Reports a second that a topology's idle agents send the hub in all, at
+/// most (see [`idle_report_interval_ms`]).
+const IDLE_REPORTS_PER_SECOND: u64 = 200;
+/// However large the topology, an idle agent reports at least this often.
+const IDLE_REPORT_MAX_MS: u64 = 30_000;
+
+/// How often an agent whose report would say nothing new reports anyway: the
+/// report interval for a topology small enough that its idle agents stay
+/// within [`IDLE_REPORTS_PER_SECOND`], longer for a larger one (5 s at 1,000
+/// nodes, 30 s from 6,000). Agents with news report every interval.
+pub fn idle_report_interval_ms(report_interval_ms: u32, nodes: usize) -> u32 {
+    let spread = (nodes as u64).saturating_mul(1000) / IDLE_REPORTS_PER_SECOND;
+    let interval = u64::from(report_interval_ms);
+    u32::try_from(spread.min(IDLE_REPORT_MAX_MS).max(interval)).unwrap_or(u32::MAX)
+}
+
 /// Where an agent's link listener is reachable.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum Underlay {
@@ -463,6 +479,10 @@ impl TopologyView {
                 hop_limit: hop_limit(plan.nodes.len()),
             }),
             report_interval_ms: plan.report_interval_ms,
+            idle_report_interval_ms: idle_report_interval_ms(
+                plan.report_interval_ms,
+                plan.nodes.len(),
+            ),
             flows: self.flow_tasks(node),
         })
     }
@@ -592,6 +612,7 @@ pub struct SentConfig {
     generation: u64,
     node: u64,
     report_interval_ms: u32,
+    idle_report_interval_ms: u32,
     flows: u64,
     routes: u64,
     links: BTreeMap<String, u64>,
@@ -620,6 +641,7 @@ impl SentConfig {
             generation: snapshot.generation,
             node: snapshot.node.as_ref().map(digest_of).unwrap_or(0),
             report_interval_ms: snapshot.report_interval_ms,
+            idle_report_interval_ms: snapshot.idle_report_interval_ms,
             flows,
             routes: snapshot.routes.as_ref().map(digest_of).unwrap_or(0),
             links: snapshot
@@ -638,6 +660,7 @@ pub fn delta(old: &SentConfig, new: &pb::Snapshot) -> Option<pb::Delta> {
     // Deltas carry no flows: a change of flows goes as a full snapshot.
     if old.node != next.node
         || old.report_interval_ms != next.report_interval_ms
+        || old.idle_report_interval_ms != next.idle_report_interval_ms
         || old.flows != next.flows
     {
         return None;
@@ -815,6 +838,27 @@ mod tests {
                 "{name}: {size} bytes of node config and routes"
             );
         }
+    }
+
+    #[test]
+    fn idle_agents_of_a_large_topology_report_less_often() {
+        assert_eq!(
+            idle_report_interval_ms(1000, 3),
+            1000,
+            "small: every interval"
+        );
+        assert_eq!(idle_report_interval_ms(100, 10), 100);
+        assert_eq!(idle_report_interval_ms(1000, 1000), 5000);
+        assert_eq!(idle_report_interval_ms(1000, 10_000), 30_000);
+        assert_eq!(
+            idle_report_interval_ms(60_000, 10),
+            60_000,
+            "never below the interval"
+        );
+        let s = TopologyView::new(ring(2_000), 1)
+            .snapshot("n0")
+            .expect("node");
+        assert_eq!(s.idle_report_interval_ms, 10_000);
     }
 
     /// Addresses that do not follow each other split a run of next hops:

@@ -566,6 +566,29 @@ impl Store {
         routes::load(&self.pool, topology).await
     }
 
+    /// Nodes of `runtime` topologies whose agent has a recorded pid but no
+    /// session with the hub: (topology, node, pid). The only agents that can
+    /// have died unseen, so a supervisor's pass costs one small query however
+    /// many nodes run.
+    pub async fn agents_without_session(
+        &self,
+        runtime: &str,
+    ) -> Result<Vec<(String, String, i32)>> {
+        let rows = sqlx::query(
+            "SELECT t.name AS topology, n.name AS node, n.pid \
+             FROM nodes n JOIN topologies t ON t.id = n.topology_id \
+             WHERE t.runtime = $1 AND n.pid IS NOT NULL AND n.agent_state <> 'connected' \
+             ORDER BY t.name, n.idx",
+        )
+        .bind(runtime)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .into_iter()
+            .map(|r| (r.get("topology"), r.get("node"), r.get("pid")))
+            .collect())
+    }
+
     /// Marks every agent that the store believes connected as disconnected: a
     /// starting hub has no sessions, so those beliefs are stale.
     pub async fn reset_agent_states(&self) -> Result<u64> {
