@@ -4,6 +4,7 @@
 //! implements the same trait.
 
 pub mod cgroup;
+pub mod limits;
 pub mod names;
 pub mod neigh;
 pub mod netlink;

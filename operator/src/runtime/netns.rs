@@ -251,6 +251,15 @@ impl NetnsRuntime {
                 names::NODES_PER_BRIDGE
             )));
         }
+        // Thousands of agents reach the machine's task and descriptor limits
+        // before anything else: raise or refuse before the first node exists.
+        let agents = plan.nodes.len() as u64;
+        for raised in
+            super::limits::make_room_for_agents(agents, &super::limits::Sources::this_machine())?
+        {
+            tracing::warn!(%topology, "{raised}");
+        }
+        super::limits::check_open_files(agents)?;
         // Each end of a link holds a neighbour entry for the other in the
         // kernel's one table; raise its limits before the first node exists.
         for raised in super::neigh::make_room(2 * plan.links.len() as u64)? {

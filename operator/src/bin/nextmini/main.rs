@@ -112,6 +112,8 @@ fn main() {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+    // Before any child starts: the hub it may spawn holds a descriptor per agent.
+    nextmini_operator::runtime::limits::raise_open_files();
     let code = match run(cli) {
         Ok(code) => code,
         Err(e) => {
