@@ -142,6 +142,45 @@ pub fn make_room_for_agents(agents: u64, sources: &Sources) -> Result<Vec<Raised
     Ok(raised)
 }
 
+/// Raises `net.core.netdev_max_backlog` (never lowers it) so that one
+/// broadcast flooded over the underlay's bridges fits the per-CPU queue it
+/// crosses: every veth port of a bridge takes a copy through that queue, and
+/// a broadcast between two segments is flooded on three bridges of up to
+/// 1,000 ports each. With the default of 1,000, ARP requests between segments
+/// were dropped at random and links of a 5,000-node ring never came up.
+pub fn make_room_for_floods(
+    nodes: u64,
+    per_bridge: u64,
+    net_core: &Path,
+) -> Result<Option<Raised>, RuntimeError> {
+    let bridges_crossed = nodes.div_ceil(per_bridge.max(1)).min(3);
+    let wanted = 2 * nodes.min(per_bridge) * bridges_crossed;
+    let path = net_core.join("netdev_max_backlog");
+    let Some(current) = read_number(&path) else {
+        return Ok(None);
+    };
+    if current >= wanted {
+        return Ok(None);
+    }
+    std::fs::write(&path, wanted.to_string()).map_err(|e| {
+        RuntimeError::io(
+            format!(
+                "raising net.core.netdev_max_backlog from {current} to {wanted} (a broadcast on the underlay is copied to every bridge port; set it yourself with `sysctl net.core.netdev_max_backlog={wanted}` if this process may not)"
+            ),
+            e,
+        )
+    })?;
+    Ok(Some(Raised {
+        setting: "net.core.netdev_max_backlog",
+        from: current,
+        to: wanted,
+        why: format!(
+            "a broadcast on the underlay is copied to each of up to {} bridge ports at once",
+            nodes.min(per_bridge) * bridges_crossed
+        ),
+    }))
+}
+
 /// Checks that the hub can hold a session per agent: `sessions` descriptors
 /// plus its own, against the open-file limit it gets from this process (the
 /// hard limit, since it raises its soft one: [`raise_open_files`]).
@@ -247,6 +286,25 @@ mod tests {
                 .expect("room")
                 .is_empty()
         );
+    }
+
+    #[test]
+    fn the_backlog_holds_a_broadcast_flooded_over_three_bridges() {
+        let (dir, _) = machine(32_768, 192_731, 400, None);
+        let core = dir.0.join("core");
+        std::fs::create_dir_all(&core).expect("dir");
+        std::fs::write(core.join("netdev_max_backlog"), "1000\n").expect("write");
+        assert_eq!(
+            make_room_for_floods(400, 1000, &core).expect("ok"),
+            None,
+            "one small bridge fits"
+        );
+        let raised = make_room_for_floods(5000, 1000, &core)
+            .expect("ok")
+            .expect("raised");
+        assert_eq!((raised.from, raised.to), (1000, 6000));
+        assert_eq!(read_number(&core.join("netdev_max_backlog")), Some(6000));
+        assert_eq!(make_room_for_floods(10_000, 1000, &core).expect("ok"), None);
     }
 
     #[test]

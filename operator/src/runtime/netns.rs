@@ -260,6 +260,13 @@ impl NetnsRuntime {
             tracing::warn!(%topology, "{raised}");
         }
         super::limits::check_open_files(agents)?;
+        if let Some(raised) = super::limits::make_room_for_floods(
+            agents,
+            u64::from(names::NODES_PER_BRIDGE),
+            std::path::Path::new("/proc/sys/net/core"),
+        )? {
+            tracing::warn!(%topology, "{raised}");
+        }
         // Each end of a link holds a neighbour entry for the other in the
         // kernel's one table; raise its limits before the first node exists.
         for raised in super::neigh::make_room(2 * plan.links.len() as u64)? {
