@@ -458,17 +458,41 @@ impl Hub {
                     .filter_map(|k| sessions.remove(&k).map(|e| (k, e.topology_id)))
                     .collect()
             };
-            for ((topology, node), topology_id) in silent {
-                tracing::warn!(%topology, %node, "agent went silent; marking it disconnected");
-                if let Err(e) = self
-                    .inner
-                    .store
-                    .set_agent_state(topology_id, &node, "disconnected")
-                    .await
-                {
-                    tracing::warn!(error = %e, "marking silent agent failed");
-                }
+            for (key, topology_id) in silent {
+                tracing::warn!(topology = %key.0, node = %key.1, "agent went silent; marking it disconnected");
+                self.mark_disconnected(&key, topology_id).await;
             }
+        }
+    }
+
+    /// Records that `key`'s session ended. The agent may have connected again
+    /// while this write waited (at 10,000 agents on two cores a watchdog pass
+    /// wrote thousands of these, seconds behind): its new session wrote
+    /// `connected` first and would stay marked down for good, so a session
+    /// found registered after the write is marked connected again.
+    pub(crate) async fn mark_disconnected(&self, key: &SessionKey, topology_id: i64) {
+        let store = &self.inner.store;
+        if let Err(e) = store
+            .set_agent_state(topology_id, &key.1, "disconnected")
+            .await
+        {
+            tracing::warn!(error = %e, "marking agent disconnected failed");
+            return;
+        }
+        let back = self
+            .inner
+            .sessions
+            .lock()
+            .await
+            .get(key)
+            .filter(|e| e.topology_id == topology_id)
+            .is_some();
+        if back
+            && let Err(e) = store
+                .set_agent_state(topology_id, &key.1, "connected")
+                .await
+        {
+            tracing::warn!(error = %e, "marking the reconnected agent connected failed");
         }
     }
 

@@ -216,14 +216,7 @@ pub(super) async fn run(
     if sessions.get(&key).is_some_and(|e| e.id == id) {
         sessions.remove(&key);
         drop(sessions);
-        if let Err(e) = hub
-            .inner
-            .store
-            .set_agent_state(topology_id, node, "disconnected")
-            .await
-        {
-            tracing::warn!(error = %e, "marking agent disconnected failed");
-        }
+        hub.mark_disconnected(&key, topology_id).await;
     }
 }
 
