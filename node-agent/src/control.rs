@@ -313,14 +313,12 @@ async fn session(
             _ = ticker.tick() => {
                 let generation = dataplane.generation();
                 let links = dataplane.link_counters();
-                let news = idle.send_now(generation, &links, report_every);
-                if !news {
+                if !idle.send_now(generation, &links, report_every) {
                     // Nothing new: look again later than every interval, so an
                     // idle agent wakes a few times per idle interval, not every
                     // interval.
                     ticker.reset_after(idle.quiet_tick(report_every));
-                }
-                if news {
+                } else {
                     *sequence += 1;
                     let report = pb::Report {
                         sequence: *sequence,
@@ -341,12 +339,12 @@ async fn session(
     }
 }
 
-/// Whether a report is due: one that says something new goes at once, and one
-/// that would repeat the last waits for the hub's idle interval. A thousand
-/// idle agents otherwise send a thousand reports a second that change nothing.
 /// The longest an idle agent waits between looks at its counters.
 const QUIET_TICK_MAX: Duration = Duration::from_secs(5);
 
+/// Whether a report is due: one that says something new goes at once, and one
+/// that would repeat the last waits for the hub's idle interval. A thousand
+/// idle agents otherwise send a thousand reports a second that change nothing.
 #[derive(Debug, Default)]
 struct IdleReports {
     /// The hub's `idle_report_interval_ms`; zero reports every interval.

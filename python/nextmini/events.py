@@ -31,6 +31,9 @@ TOPOLOGY_CHANNEL = "nextmini_topology"
 METRICS_CHANNEL = "nextmini_metrics"
 NODES_CHANNEL = "nextmini_nodes"
 KNOWN_CHANNELS = (TOPOLOGY_CHANNEL, METRICS_CHANNEL, NODES_CHANNEL)
+# The longest `Listener.wait` stays in the driver's wait before Python code
+# runs again (and with it any signal handler that is due).
+SIGNAL_SLICE = 0.5
 
 Event = tuple[str, str]
 
@@ -161,14 +164,22 @@ class Listener:
 
         Returns [] when the time passed without one.
         """
-        got: list[Event] = []
-        with closing(self.events(timeout)) as first:
-            for event in first:
-                got.append(event)
-                break
-        if got:
-            got.extend(self.events(0))
-        return got
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            # Waits in slices: a signal that lands while the driver sits in its
+            # C-level wait runs its Python handler (Ctrl-C, SIGTERM) only once
+            # that wait returns, which without a timeout may be never.
+            left = SIGNAL_SLICE if deadline is None else max(0.0, deadline - time.monotonic())
+            got: list[Event] = []
+            with closing(self.events(min(left, SIGNAL_SLICE))) as first:
+                for event in first:
+                    got.append(event)
+                    break
+            if got:
+                got.extend(self.events(0))
+                return got
+            if deadline is not None and time.monotonic() >= deadline:
+                return []
 
     def close(self) -> None:
         """Stops listening (closing the connection ends every LISTEN)."""
