@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import select
+import signal
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -198,8 +199,21 @@ def start_example(name: str, dsn: str, *args: str) -> subprocess.Popen:
     """Starts an example script in the background (line-buffered text pipes)."""
     command, env = _example_command(name, dsn, args)
     return subprocess.Popen(
-        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        # A suite started in the background by a non-interactive shell inherits
+        # SIGINT ignored, and Python then installs no Ctrl-C handler: the tests
+        # that stop a script with SIGINT need it as a terminal would give it.
+        preexec_fn=_default_sigint,
     )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def read_line(stream, timeout: float = 10.0) -> str:
