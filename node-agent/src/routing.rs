@@ -530,17 +530,20 @@ mod tests {
         resolve(name).expect("test link")
     }
 
+    fn next_hops(hops: &[(&str, u32)]) -> Vec<pb::NextHop> {
+        hops.iter()
+            .map(|&(link, weight)| pb::NextHop {
+                link: link.into(),
+                weight,
+            })
+            .collect()
+    }
+
     fn dest(node: &str, last: u8, hops: &[(&str, u32)]) -> pb::DestinationRoute {
         pb::DestinationRoute {
             node: node.into(),
             overlay_addr: addr(last).to_string(),
-            next_hops: hops
-                .iter()
-                .map(|&(link, weight)| pb::NextHop {
-                    link: link.into(),
-                    weight,
-                })
-                .collect(),
+            next_hops: next_hops(hops),
         }
     }
 
@@ -905,13 +908,7 @@ mod tests {
         pb::DestinationRange {
             first: addr(first).to_string(),
             last: addr(last).to_string(),
-            next_hops: hops
-                .iter()
-                .map(|&(link, weight)| pb::NextHop {
-                    link: link.into(),
-                    weight,
-                })
-                .collect(),
+            next_hops: next_hops(hops),
         }
     }
 
