@@ -320,8 +320,13 @@ imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 # Absolute disk floors: 1% of a large disk shared with builds is gigabytes, and
 # a node under disk pressure schedules nothing.
+# No memory eviction ("0%" turns the signal off): on cgroup v1 the kubelet
+# counts active page cache as used, and after a build has read and written
+# gigabytes the cache alone crosses any floor. It then evicted PostgreSQL in
+# the middle of a test (psql: "the database system is shutting down"). The
+# kernel's OOM killer still guards real exhaustion.
 evictionHard:
-  memory.available: 100Mi
+  memory.available: "0%"
   nodefs.available: $DISK_RESERVE
   imagefs.available: $DISK_RESERVE
   nodefs.inodesFree: 1%

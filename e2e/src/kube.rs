@@ -85,13 +85,38 @@ impl Cluster {
     /// `kubectl <args>`, which must succeed; its stdout.
     pub fn ok(&self, args: &[&str]) -> String {
         let out = self.kubectl(args);
-        assert!(
-            out.status.success(),
-            "kubectl {args:?} failed:\n{}{}",
+        if !out.status.success() {
+            panic!(
+                "kubectl {args:?} failed:\n{}{}\nwarnings in the namespace and on the node:\n{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                self.warnings()
+            );
+        }
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// The cluster's Warning events (evictions, OOM kills, failed probes) in
+    /// every namespace, oldest first: what explains a pod that went away under
+    /// a test. Node events such as EvictionThresholdMet live in `default`.
+    pub fn warnings(&self) -> String {
+        let out = self.run(
+            &self.kubectl,
+            &[
+                "get",
+                "events",
+                "--all-namespaces",
+                "--field-selector",
+                "type=Warning",
+                "--sort-by=.lastTimestamp",
+            ],
+            None,
+        );
+        format!(
+            "{}{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
+        )
     }
 
     /// Applies `yaml`, which must succeed, and waits up to `timeout` (`180s`)

@@ -57,6 +57,18 @@ pub fn manifest(agents: usize, interval: Duration) -> String {
     )
 }
 
+/// Whether the store shows every node of the topology at `generation` or later.
+async fn every_node_acked(pool: &sqlx::PgPool, generation: i64) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT coalesce(min(n.acked_generation) >= $2, false) FROM nodes n \
+         JOIN topologies t ON t.id = n.topology_id WHERE t.name = $1",
+    )
+    .bind(TOPOLOGY)
+    .bind(generation)
+    .fetch_one(pool)
+    .await?)
+}
+
 /// Runs the load against a fresh private PostgreSQL and hub in `env`, prints
 /// progress to stderr, and returns the figures.
 pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
@@ -173,26 +185,29 @@ pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         tx.commit().await?;
         let committed = Instant::now();
         report.changes += 1;
-        // Wait for every agent (or give up on this change after 10 s).
+        // Wait until the store shows every node at this generation (or give
+        // up on this change after 10 s). Nodes the change leaves alone are sent
+        // nothing; the hub records them at the new generation itself.
         let deadline = committed + Duration::from_secs(10);
-        let reached = loop {
-            let reached = stats.reached(generation as u64);
-            if reached.len() >= cfg.agents || Instant::now() > deadline {
-                break reached;
+        let (reached, acked) = loop {
+            let acked = every_node_acked(&pool, generation).await?;
+            if acked || Instant::now() > deadline {
+                break (stats.reached(generation as u64), acked.then(Instant::now));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
-        if reached.len() < cfg.agents {
-            report.changes_incomplete += 1;
-        }
         let ms = |at: &Instant| at.saturating_duration_since(committed).as_secs_f64() * 1e3;
+        match acked {
+            Some(at) => report.all_acked.0.push(ms(&at)),
+            None => report.changes_incomplete += 1,
+        }
         if let Some(at) = reached.get(&0) {
             report.affected.0.push(ms(at));
         }
         if let Some(last) = reached.values().max() {
-            report.all_agents.0.push(ms(last));
+            report.needed.0.push(ms(last));
         }
-        report.per_agent.0.extend(reached.values().map(ms));
+        report.sent_to_max = report.sent_to_max.max(reached.len());
         rss_max = rss_max.max(rss_bytes(hub_pid).unwrap_or(0));
         if Instant::now() > next_progress {
             next_progress += Duration::from_secs(30);

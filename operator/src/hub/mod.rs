@@ -195,8 +195,11 @@ impl Hub {
         let mut plan = loaded.plan;
         let problems = repair::put_back(&mut plan, &loaded.faults, old.as_deref());
         let (routes, rules) = store.routes(topology).await?;
-        let mut view =
-            TopologyView::new(plan, version.generation).with_routes(routes, rules, old.as_deref());
+        let mut view = TopologyView::after(plan, version.generation, old.as_deref()).with_routes(
+            routes,
+            rules,
+            old.as_deref(),
+        );
         view.problems.extend(problems);
         view.topology_id = version.id;
         view.identity = store.link_identity(topology).await?;
@@ -338,8 +341,8 @@ impl Hub {
             return;
         };
         let affected = old.as_ref().map(|o| new.affected_nodes(o));
-        // When nothing outside the affected nodes changed, the others get the
-        // new generation number alone, without a snapshot built for each.
+        // When nothing outside the affected nodes changed, the others are sent
+        // nothing: their config stays what it was (issue 16.4).
         let unchanged_from = old
             .as_ref()
             .filter(|o| new.same_outside_affected(o))
@@ -352,22 +355,36 @@ impl Hub {
         for key in &first {
             bring_up_to_date(&mut sessions, key, &new);
         }
+        let mut behind = Vec::new();
+        let mut carried = Vec::new();
+        for key in rest {
+            match unchanged_from.and_then(|from| carry_forward(&mut sessions, &key, from, &new)) {
+                Some(sent) => carried.push((key.1, sent)),
+                None => behind.push(key),
+            }
+        }
         drop(sessions);
-        if rest.is_empty() {
+        if !carried.is_empty()
+            && let Err(e) = self
+                .inner
+                .store
+                .carry_acks(new.topology_id, new.generation, &carried)
+                .await
+        {
+            tracing::warn!(%topology, error = %e, "recording the untouched nodes at the new generation failed");
+        }
+        if behind.is_empty() {
             return;
         }
-        // The nodes a change does not touch get their (generation-only) delta a
-        // moment later: hundreds of agents decoding at once would otherwise
-        // take the CPU from the few whose packet path is changing.
+        // The nodes that need a full update but are not among the changed ones
+        // get it a moment later: hundreds of agents decoding at once would
+        // otherwise take the CPU from the few whose packet path is changing.
         let hub = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(UNAFFECTED_DELAY).await;
             let mut sessions = hub.inner.sessions.lock().await;
-            for key in &rest {
-                match unchanged_from {
-                    Some(from) => advance_generation(&mut sessions, key, from, &new),
-                    None => bring_up_to_date(&mut sessions, key, &new),
-                }
+            for key in &behind {
+                bring_up_to_date(&mut sessions, key, &new);
             }
         });
     }
@@ -603,8 +620,7 @@ fn bring_up_to_date(
         .as_ref()
         .and_then(|before| delta(before, &next))
         .map(|mut d| {
-            // The agent's generation, which advance_generation may have moved
-            // past the stored config's.
+            // The agent's own generation: `same_as` may be past it.
             d.base_generation = entry.generation as u64;
             d
         })
@@ -614,36 +630,28 @@ fn bring_up_to_date(
     entry.idle_report_interval_ms = next.idle_report_interval_ms;
     if entry.send(msg) {
         entry.generation = new.generation;
+        entry.same_as = new.generation;
         entry.config = Some(SentConfig::of(&next));
     }
 }
 
-/// For a session whose agent is at `from`, with a config the change left as it
-/// was: a delta that only moves it to `new`'s generation. A session anywhere
-/// else gets what `bring_up_to_date` makes.
-fn advance_generation(
+/// For a session whose agent runs the config of generation `from`, which the
+/// change left as it was: records that its config is also `new`'s, sends
+/// nothing, and returns the generation the agent was sent (its ack of that
+/// stands for `new`'s). None when the session is elsewhere (held, behind, or
+/// without a config): it needs `bring_up_to_date`.
+fn carry_forward(
     sessions: &mut HashMap<SessionKey, SessionEntry>,
     key: &SessionKey,
     from: i64,
     new: &TopologyView,
-) {
-    let Some(entry) = sessions.get_mut(key) else {
-        return;
-    };
-    if entry.generation != from || entry.config.is_none() {
-        bring_up_to_date(sessions, key, new);
-        return;
+) -> Option<i64> {
+    let entry = sessions.get_mut(key)?;
+    if entry.held || entry.config.is_none() || entry.same_as != from {
+        return None;
     }
-    let msg = pb::controller_message::Msg::Delta(pb::Delta {
-        generation: new.generation as u64,
-        base_generation: from as u64,
-        ..Default::default()
-    });
-    if entry.send(msg) {
-        // The stored config keeps its content, which is the agent's; only
-        // deltas' base generation comes from `entry.generation`.
-        entry.generation = new.generation;
-    }
+    entry.same_as = new.generation;
+    Some(entry.generation)
 }
 
 fn reject(reason: String) -> pb::controller_message::Msg {
@@ -707,6 +715,7 @@ impl Control for Hub {
                 tx,
                 config: None,
                 generation: 0,
+                same_as: 0,
                 liveness: liveness.clone(),
                 topology_id,
                 report_interval_ms: view.plan.report_interval_ms,
@@ -720,6 +729,7 @@ impl Control for Hub {
                     return Err(Status::internal("session closed"));
                 }
                 entry.generation = view.generation;
+                entry.same_as = view.generation;
             }
             sessions.insert(key.clone(), entry)
         };
@@ -772,4 +782,83 @@ impl Control for Hub {
 fn set_owner_only(path: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::plan::fixtures::line3;
+
+    fn entry(tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>) -> SessionEntry {
+        SessionEntry {
+            id: 1,
+            pid: 1,
+            tx,
+            generation: 0,
+            same_as: 0,
+            config: None,
+            liveness: Arc::new(session::Liveness::new(0)),
+            topology_id: 1,
+            report_interval_ms: 1000,
+            idle_report_interval_ms: 1000,
+            metrics: Arc::new(crate::observe::HubMetrics::new()),
+            held: false,
+        }
+    }
+
+    fn with_rate(link: usize, rate: u64, generation: i64) -> TopologyView {
+        let mut plan = line3();
+        plan.links[link].forward.rate_bps = Some(rate);
+        TopologyView::new(plan, generation)
+    }
+
+    /// Issue 16.4: a node a change leaves alone is sent nothing, and the next
+    /// change that does touch it is a delta from the config it really has.
+    #[test]
+    fn untouched_nodes_are_sent_nothing_and_catch_up_from_what_they_run() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let key: SessionKey = ("line3".into(), "a".into());
+        let mut sessions = HashMap::from([(key.clone(), entry(tx))]);
+        let v1 = TopologyView::new(line3(), 1);
+        bring_up_to_date(&mut sessions, &key, &v1);
+        assert!(matches!(
+            rx.try_recv().expect("a snapshot").expect("ok").msg,
+            Some(pb::controller_message::Msg::Snapshot(_))
+        ));
+
+        // b-c's rate: a's config is the same.
+        let v2 = with_rate(1, 5_000_000, 2);
+        assert!(!v2.affected_nodes(&v1).contains("a") && v2.same_outside_affected(&v1));
+        assert_eq!(carry_forward(&mut sessions, &key, 1, &v2), Some(1));
+        assert!(
+            rx.try_recv().is_err(),
+            "a was sent something it does not need"
+        );
+        assert_eq!((sessions[&key].generation, sessions[&key].same_as), (1, 2));
+
+        // A carry from a generation the session is not at does not apply.
+        assert_eq!(carry_forward(&mut sessions, &key, 1, &v2), None);
+
+        // a-b's rate: a needs it, as a delta from generation 1, its own.
+        let mut plan = line3();
+        plan.links[1].forward.rate_bps = Some(5_000_000);
+        plan.links[0].forward.rate_bps = Some(7_000_000);
+        let v3 = TopologyView::new(plan, 3);
+        bring_up_to_date(&mut sessions, &key, &v3);
+        match rx.try_recv().expect("a delta").expect("ok").msg {
+            Some(pb::controller_message::Msg::Delta(d)) => {
+                assert_eq!((d.base_generation, d.generation), (1, 3));
+                assert_eq!(d.upsert_links.len(), 1, "{d:?}");
+            }
+            other => panic!("expected a delta, got {other:?}"),
+        }
+        assert_eq!((sessions[&key].generation, sessions[&key].same_as), (3, 3));
+
+        // A session held down by a scenario is never carried.
+        sessions.get_mut(&key).expect("a").held = true;
+        assert_eq!(
+            carry_forward(&mut sessions, &key, 3, &with_rate(1, 1, 4)),
+            None
+        );
+    }
 }

@@ -17,6 +17,11 @@ pub(super) struct SessionEntry {
     pub tx: mpsc::Sender<Result<pb::ControllerMessage, Status>>,
     /// Generation of the last snapshot or delta sent.
     pub generation: i64,
+    /// The newest generation whose config for this agent is the one it was
+    /// sent at `generation`: changes that leave a node alone send it nothing
+    /// (issue 16.4) and only move this, and its ack of `generation` is
+    /// recorded as an ack of this.
+    pub same_as: i64,
     /// What that generation gave this agent, as hashes: the next delta is
     /// computed against it, so a change costs one snapshot per agent, not two,
     /// and the hub holds no agent's whole config.
@@ -156,14 +161,7 @@ pub(super) async fn run(
                 } else {
                     None
                 };
-                if let Err(e) = hub
-                    .inner
-                    .store
-                    .record_ack(topology_id, node, ack.generation as i64)
-                    .await
-                {
-                    tracing::warn!(error = %e, "storing ack failed");
-                }
+                record_ack(&hub, id, &key, topology_id, ack.generation as i64).await;
                 if let Some(ready_before) = ready_before {
                     let before = ready_before.ok().map(|r| r.ready());
                     if let Some(g) = announce_ready(&hub, id, &key, topology_id, before).await {
@@ -248,6 +246,36 @@ fn counter_row(
         late_packets: l.late_packets,
         unfaithful: l.unfaithful,
         at,
+    }
+}
+
+/// Stores an agent's ack of `acked`, as an ack of the newest generation that
+/// left its config as it was (`SessionEntry::same_as`). Read again after the
+/// write: a change carried forward meanwhile found the old ack missing in the
+/// store and left the node to this ack.
+async fn record_ack(hub: &Hub, id: u64, key: &SessionKey, topology_id: i64, acked: i64) {
+    let mut recorded = 0;
+    loop {
+        let target = {
+            let sessions = hub.inner.sessions.lock().await;
+            match sessions.get(key) {
+                Some(e) if e.id == id && e.generation == acked => e.same_as.max(acked),
+                _ => acked,
+            }
+        };
+        if target <= recorded {
+            return;
+        }
+        if let Err(e) = hub
+            .inner
+            .store
+            .record_ack(topology_id, &key.1, target)
+            .await
+        {
+            tracing::warn!(error = %e, "storing ack failed");
+            return;
+        }
+        recorded = target;
     }
 }
 

@@ -6,6 +6,7 @@ use crate::plan::{
 use crate::store::{RouteRow, RouteRuleRow};
 use nextmini_proto::v1 as pb;
 use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
 
 /// A topology's desired state with its routes, computed once per generation and
 /// shared by every agent's snapshot.
@@ -15,8 +16,9 @@ pub struct TopologyView {
     pub topology_id: i64,
     pub generation: i64,
     pub plan: Plan,
-    /// Per node (by index), its next hops as runs over destination indices.
-    hops: Vec<Vec<crate::plan::HopRun>>,
+    /// Per node (by index), its next hops as runs over destination indices;
+    /// shared with the previous view when the graph did not change.
+    hops: Arc<Vec<Vec<crate::plan::HopRun>>>,
     /// The topology's link certificate and key, handed to every agent.
     pub identity: Option<crate::store::LinkIdentity>,
     /// Explicit routes that follow the topology's links: route id → (path, the
@@ -145,7 +147,18 @@ fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
 
 impl TopologyView {
     pub fn new(plan: Plan, generation: i64) -> TopologyView {
-        let hops = crate::plan::next_hop_runs(&plan);
+        TopologyView::after(plan, generation, None)
+    }
+
+    /// The view of `plan`, taking the next-hop table from `previous` (the
+    /// last view of the same creation) when the graph is the same: a change
+    /// of link parameters or routes then costs no all-pairs search, which took
+    /// 30-40 ms at 1,000 nodes of a change's 50 ms to its first agent.
+    pub fn after(plan: Plan, generation: i64, previous: Option<&TopologyView>) -> TopologyView {
+        let hops = match previous.filter(|p| crate::plan::same_graph(&p.plan, &plan)) {
+            Some(p) => p.hops.clone(),
+            None => Arc::new(crate::plan::next_hop_runs(&plan)),
+        };
         let nodes = plan
             .nodes
             .iter()
@@ -231,8 +244,11 @@ impl TopologyView {
         }
         // Runs merge destinations by link index, and equal indices name equal
         // links within one view: the same runs by name are the same table.
+        if Arc::ptr_eq(&self.hops, &old.hops) {
+            return true;
+        }
         self.hops.len() == old.hops.len()
-            && self.hops.iter().zip(&old.hops).all(|(mine, theirs)| {
+            && self.hops.iter().zip(old.hops.iter()).all(|(mine, theirs)| {
                 mine.len() == theirs.len()
                     && mine.iter().zip(theirs).all(|(m, t)| {
                         m.first == t.first
@@ -1108,6 +1124,26 @@ mod tests {
         assert_eq!(changed.upsert_links.len(), 1);
         assert_eq!(changed.upsert_links[0].name, name);
         assert!(changed.routes.is_none());
+    }
+
+    #[test]
+    fn a_change_that_keeps_the_graph_keeps_the_next_hop_table() {
+        let before = TopologyView::new(diamond(), 1);
+        let mut faster = diamond();
+        faster.links[0].forward.rate_bps = Some(5_000_000);
+        let after = TopologyView::after(faster, 2, Some(&before));
+        assert!(
+            Arc::ptr_eq(&after.hops, &before.hops),
+            "a rate change must not search all pairs again"
+        );
+        // A link fewer changes the paths: the table is computed again, and it
+        // is the one a fresh view computes.
+        let mut cut = diamond();
+        cut.links.remove(0);
+        let after = TopologyView::after(cut.clone(), 3, Some(&before));
+        assert!(!Arc::ptr_eq(&after.hops, &before.hops));
+        assert_eq!(*after.hops, *TopologyView::new(cut, 3).hops);
+        assert_ne!(*after.hops, *before.hops);
     }
 
     /// The snapshot with its generation cleared, for comparing content.

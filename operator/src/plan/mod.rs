@@ -36,7 +36,7 @@ pub use model::*;
 pub use parse::{Doc, Manifest, parse_manifest};
 pub use routes::{
     HopRun, TO_ITSELF, UNREACHABLE, expand_runs, longest_path, next_hop_runs, next_hops,
-    path_links, warnings,
+    path_links, same_graph, warnings,
 };
 pub use validate::{check_local, dns_label_problem, local_warnings};
 

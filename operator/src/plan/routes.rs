@@ -40,12 +40,7 @@ impl<'a> Graph<'a> {
     }
 
     pub fn from_plan(plan: &'a Plan) -> Self {
-        Graph::new(
-            plan.nodes.iter().map(|n| n.name.as_str()),
-            plan.links
-                .iter()
-                .map(|l| (l.name.as_str(), l.dialer.as_str(), l.acceptor.as_str())),
-        )
+        Graph::new(node_names(plan), edges(plan))
     }
 
     pub fn index_of(&self, name: &str) -> Option<usize> {
@@ -141,6 +136,26 @@ pub struct HopRun {
 /// hub keeps these rows for every topology, and the full table was 8 bytes a
 /// pair (800 MB at 10,000 nodes). One BFS per destination: O(n·(n+m)) time,
 /// O(n) besides the runs.
+/// The graph's nodes, in the order that gives them their indices.
+fn node_names(plan: &Plan) -> impl Iterator<Item = &str> {
+    plan.nodes.iter().map(|n| n.name.as_str())
+}
+
+/// The graph's edges: each link's name and ends, in the plan's order (which
+/// gives links their indices in next-hop runs).
+fn edges(plan: &Plan) -> impl Iterator<Item = (&str, &str, &str)> {
+    plan.links
+        .iter()
+        .map(|l| (l.name.as_str(), l.dialer.as_str(), l.acceptor.as_str()))
+}
+
+/// Whether two plans have the same graph, node and link indices included: then
+/// their [`next_hop_runs`] are equal, whatever else (link parameters, flows,
+/// routes) changed.
+pub fn same_graph(a: &Plan, b: &Plan) -> bool {
+    node_names(a).eq(node_names(b)) && edges(a).eq(edges(b))
+}
+
 pub fn next_hop_runs(plan: &Plan) -> Vec<Vec<HopRun>> {
     let graph = Graph::from_plan(plan);
     let link_index: HashMap<&str, u32> = plan

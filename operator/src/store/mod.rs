@@ -473,6 +473,33 @@ impl Store {
         Ok(())
     }
 
+    /// Moves the acknowledged generation of nodes a change left untouched to
+    /// `generation`, in one statement: each `(node, sent)` runs the config it
+    /// was sent at `sent`, which equals the new generation's, so the ack of
+    /// `sent` counts for `generation`. A node that has not acknowledged `sent`
+    /// yet is left alone; its own ack carries it forward when it comes.
+    pub async fn carry_acks(
+        &self,
+        topology_id: i64,
+        generation: i64,
+        carried: &[(String, i64)],
+    ) -> Result<()> {
+        let (names, sent): (Vec<&str>, Vec<i64>) =
+            carried.iter().map(|(n, g)| (n.as_str(), *g)).unzip();
+        sqlx::query(
+            "UPDATE nodes n SET acked_generation = GREATEST(n.acked_generation, $2) \
+             FROM unnest($3::text[], $4::bigint[]) AS u(name, sent) \
+             WHERE n.topology_id = $1 AND n.name = u.name AND n.acked_generation >= u.sent",
+        )
+        .bind(topology_id)
+        .bind(generation)
+        .bind(&names)
+        .bind(&sent)
+        .execute(&self.pool)
+        .await?;
+        Ok(())
+    }
+
     /// Upserts a batch of link counters (latest values) in one statement.
     pub async fn record_counters(&self, rows: &[CounterRow]) -> Result<()> {
         counters::upsert(&self.pool, rows).await
