@@ -282,6 +282,7 @@ fn line3_b() -> pb::Snapshot {
             ..Default::default()
         }),
         report_interval_ms: 1000,
+        idle_report_interval_ms: 5000,
         flows: Vec::new(),
     }
 }
@@ -535,6 +536,7 @@ fn shaped_a() -> pb::Snapshot {
         ],
         routes: Some(multipath_routes()),
         report_interval_ms: 100,
+        idle_report_interval_ms: 100,
         flows: flows(),
     }
 }

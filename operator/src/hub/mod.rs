@@ -179,10 +179,9 @@ impl Hub {
         topology: &str,
     ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
         let store = &self.inner.views_store;
-        let Some(loaded) = store.load_checked(topology).await? else {
+        let Some((version, plan_generation)) = store.plan_version(topology).await? else {
             return Ok(None);
         };
-        let version = loaded.version;
         // The last good view of this creation: what a faulty row keeps running.
         let old = self
             .inner
@@ -192,16 +191,37 @@ impl Hub {
             .get(topology)
             .filter(|o| o.topology_id == version.id)
             .cloned();
-        let mut plan = loaded.plan;
-        let problems = repair::put_back(&mut plan, &loaded.faults, old.as_deref());
-        let (routes, rules) = store.routes(topology).await?;
-        let mut view = TopologyView::after(plan, version.generation, old.as_deref()).with_routes(
-            routes,
-            rules,
-            old.as_deref(),
-        );
-        view.problems.extend(problems);
-        view.topology_id = version.id;
+        let mut view = match old
+            .as_deref()
+            .filter(|o| o.plan_generation == plan_generation)
+        {
+            // Only routes or rules changed since `old`: its plan stands.
+            Some(o) => {
+                let (routes, rules) = store.routes(topology).await?;
+                TopologyView::same_plan_as(o, version.generation).with_routes(
+                    routes,
+                    rules,
+                    Some(o),
+                )
+            }
+            None => {
+                let Some(loaded) = store.load_checked(topology).await? else {
+                    return Ok(None);
+                };
+                let version = loaded.version;
+                let old = old.filter(|o| o.topology_id == version.id);
+                let mut plan = loaded.plan;
+                let problems = repair::put_back(&mut plan, &loaded.faults, old.as_deref());
+                let (routes, rules) = store.routes(topology).await?;
+                let mut view = TopologyView::after(plan, version.generation, old.as_deref())
+                    .with_routes(routes, rules, old.as_deref());
+                view.problems.extend(problems.iter().cloned());
+                view.plan_problems = problems;
+                view.plan_generation = loaded.plan_generation;
+                view.topology_id = version.id;
+                view
+            }
+        };
         view.identity = store.link_identity(topology).await?;
         if let Some(runtime) = store.runtime_of(topology).await? {
             view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
@@ -311,9 +331,8 @@ impl Hub {
                 return;
             }
         };
-        match &new {
-            Some(v) => self.publish_problems(v).await,
-            None => self.inner.metrics.set_topology_problems(topology, None),
+        if new.is_none() {
+            self.inner.metrics.set_topology_problems(topology, None);
         }
         let old = {
             let mut views = self.inner.views.lock().await;
@@ -347,14 +366,31 @@ impl Hub {
             .as_ref()
             .filter(|o| new.same_outside_affected(o))
             .map(|o| o.generation);
-        let (first, rest): (Vec<SessionKey>, Vec<SessionKey>) = sessions
-            .keys()
-            .filter(|(t, _)| t == topology)
-            .cloned()
-            .partition(|(_, node)| affected.as_ref().is_none_or(|a| a.contains(node)));
+        // The affected nodes are looked up, not searched for among thousands
+        // of sessions: they are served before anything scans the rest.
+        let first: Vec<SessionKey> = match &affected {
+            Some(nodes) => nodes
+                .iter()
+                .map(|n| (topology.to_string(), n.clone()))
+                .filter(|k| sessions.contains_key(k))
+                .collect(),
+            None => sessions
+                .keys()
+                .filter(|(t, _)| t == topology)
+                .cloned()
+                .collect(),
+        };
         for key in &first {
             bring_up_to_date(&mut sessions, key, &new);
         }
+        let rest: Vec<SessionKey> = match &affected {
+            Some(nodes) => sessions
+                .keys()
+                .filter(|(t, n)| t == topology && !nodes.contains(n))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
         let mut behind = Vec::new();
         let mut carried = Vec::new();
         for key in rest {
@@ -364,6 +400,9 @@ impl Hub {
             }
         }
         drop(sessions);
+        // After the sends: the problems are a database write, which the
+        // changed nodes need not wait for.
+        self.publish_problems(&new).await;
         if !carried.is_empty()
             && let Err(e) = self
                 .inner

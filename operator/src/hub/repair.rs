@@ -14,7 +14,7 @@ pub fn put_back(
     faults: &[RowFault],
     old: Option<&TopologyView>,
 ) -> Vec<TopologyProblem> {
-    let old = old.map(|o| &o.plan);
+    let old = old.map(|o| &*o.plan);
     faults
         .iter()
         .map(|fault| TopologyProblem {

@@ -15,7 +15,11 @@ pub struct TopologyView {
     /// deleted and applied again starts at generation 1 again.
     pub topology_id: i64,
     pub generation: i64,
-    pub plan: Plan,
+    /// The generation at which the stored plan (everything but routes) last
+    /// changed: a view whose predecessor has the same one shares its plan
+    /// and everything computed from it.
+    pub plan_generation: i64,
+    pub plan: Arc<Plan>,
     /// Per node (by index), its next hops as runs over destination indices;
     /// shared with the previous view when the graph did not change.
     hops: Arc<Vec<Vec<crate::plan::HopRun>>>,
@@ -31,14 +35,17 @@ pub struct TopologyView {
     /// Node name → position in `plan.nodes`: a snapshot looks up every
     /// destination, and a linear search made serving 1,000 agents cubic (half
     /// the hub's time on a change, by perf).
-    nodes: HashMap<String, usize>,
+    nodes: Arc<HashMap<String, usize>>,
     /// Each node's overlay address as text, in `plan.nodes` order.
-    overlays: Vec<String>,
+    overlays: Arc<Vec<String>>,
     /// Node indices whose overlay address does not follow the previous
     /// node's (ascending): a destination range cannot cross one.
-    overlay_breaks: Vec<u32>,
+    overlay_breaks: Arc<Vec<u32>>,
     /// Stored rows this view could not take as written, and what runs instead.
     pub problems: Vec<crate::store::TopologyProblem>,
+    /// The part of `problems` that comes from the plan's rows (not routes),
+    /// which a view sharing this plan shares too.
+    pub plan_problems: Vec<crate::store::TopologyProblem>,
 }
 
 /// The loop guard agents apply, in links a packet may cross. A path that visits
@@ -159,13 +166,14 @@ impl TopologyView {
             Some(p) => p.hops.clone(),
             None => Arc::new(crate::plan::next_hop_runs(&plan)),
         };
-        let nodes = plan
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (n.name.clone(), i))
-            .collect();
-        let overlays = plan.nodes.iter().map(|n| n.overlay.to_string()).collect();
+        let nodes = Arc::new(
+            plan.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, n)| (n.name.clone(), i))
+                .collect(),
+        );
+        let overlays = Arc::new(plan.nodes.iter().map(|n| n.overlay.to_string()).collect());
         let overlay_breaks = plan
             .nodes
             .windows(2)
@@ -178,7 +186,8 @@ impl TopologyView {
         TopologyView {
             topology_id: 0,
             generation,
-            plan,
+            plan_generation: generation,
+            plan: Arc::new(plan),
             hops,
             identity: None,
             routes: BTreeMap::new(),
@@ -186,8 +195,32 @@ impl TopologyView {
             underlay: Underlay::Bridge,
             nodes,
             overlays,
-            overlay_breaks,
+            overlay_breaks: Arc::new(overlay_breaks),
             problems: Vec::new(),
+            plan_problems: Vec::new(),
+        }
+    }
+
+    /// A view at `generation` of the same plan as `previous` (only routes or
+    /// rules changed since): the plan, what was computed from it and its
+    /// problems are shared, not loaded and computed again. Routes are added
+    /// with [`TopologyView::with_routes`] as for any view.
+    pub fn same_plan_as(previous: &TopologyView, generation: i64) -> TopologyView {
+        TopologyView {
+            topology_id: previous.topology_id,
+            generation,
+            plan_generation: previous.plan_generation,
+            plan: previous.plan.clone(),
+            hops: previous.hops.clone(),
+            identity: previous.identity.clone(),
+            routes: BTreeMap::new(),
+            rules: Vec::new(),
+            underlay: previous.underlay.clone(),
+            nodes: previous.nodes.clone(),
+            overlays: previous.overlays.clone(),
+            overlay_breaks: previous.overlay_breaks.clone(),
+            problems: previous.plan_problems.clone(),
+            plan_problems: previous.plan_problems.clone(),
         }
     }
 
@@ -218,8 +251,13 @@ impl TopologyView {
             nodes,
             links: _,
             flows,
-        } = &self.plan;
+        } = &*self.plan;
         let o = &old.plan;
+        if Arc::ptr_eq(&self.plan, &old.plan) {
+            return self.same_hops(old)
+                && self.identity == old.identity
+                && self.underlay == old.underlay;
+        }
         self.same_hops(old)
             && self.identity == old.identity
             && self.underlay == old.underlay
@@ -324,6 +362,9 @@ impl TopologyView {
                 nodes.extend(path.iter().cloned());
             }
             nodes.extend(view.rules.iter().map(|r| r.src.clone()));
+        }
+        if Arc::ptr_eq(&self.plan, &old.plan) {
+            return nodes;
         }
         let before: HashMap<&str, &crate::plan::PlannedLink> = old
             .plan
@@ -465,7 +506,7 @@ impl TopologyView {
                 } else {
                     plan.nodes
                         .iter()
-                        .zip(&self.overlays)
+                        .zip(self.overlays.iter())
                         .map(|(n, overlay)| pb::PeerAddress {
                             node: n.name.clone(),
                             overlay_addr: overlay.clone(),

@@ -359,6 +359,23 @@ impl Store {
         }))
     }
 
+    /// [`Store::version`] with the generation at which the plan (everything
+    /// but routes and route rules) last changed.
+    pub async fn plan_version(&self, topology: &str) -> Result<Option<(Version, i64)>> {
+        let row =
+            sqlx::query("SELECT id, generation, plan_generation FROM topologies WHERE name = $1")
+                .bind(topology)
+                .fetch_optional(&self.pool)
+                .await?;
+        Ok(row.map(|r| {
+            let version = Version {
+                id: r.get("id"),
+                generation: r.get("generation"),
+            };
+            (version, r.get("plan_generation"))
+        }))
+    }
+
     pub async fn node_identity(&self, topology: &str, node: &str) -> Result<Option<NodeIdentity>> {
         let row = sqlx::query(
             "SELECT n.topology_id, n.credential_sha256 FROM nodes n \

@@ -196,6 +196,8 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
 pub struct LoadedPlan {
     pub plan: Plan,
     pub version: super::Version,
+    /// `topologies.plan_generation`: when something other than routes last changed.
+    pub plan_generation: i64,
     /// Rows that break the rules for what a row may hold; the plan has a
     /// stand-in for each (see [`FaultyPart`]).
     pub faults: Vec<RowFault>,
@@ -203,7 +205,7 @@ pub struct LoadedPlan {
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>> {
     let Some(t) = sqlx::query(
-        "SELECT id, generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement, seed FROM topologies WHERE name = $1",
+        "SELECT id, generation, plan_generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement, seed FROM topologies WHERE name = $1",
     )
     .bind(name)
     .fetch_optional(pool)
@@ -345,6 +347,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
     Ok(Some(LoadedPlan {
         plan,
         version,
+        plan_generation: t.get("plan_generation"),
         faults,
     }))
 }
