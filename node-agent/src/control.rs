@@ -313,12 +313,7 @@ async fn session(
             _ = ticker.tick() => {
                 let generation = dataplane.generation();
                 let links = dataplane.link_counters();
-                if !idle.send_now(generation, &links, report_every) {
-                    // Nothing new: look again later than every interval, so an
-                    // idle agent wakes a few times per idle interval, not every
-                    // interval.
-                    ticker.reset_after(idle.quiet_tick(report_every));
-                } else {
+                if idle.send_now(generation, &links, report_every) {
                     *sequence += 1;
                     let report = pb::Report {
                         sequence: *sequence,
@@ -330,6 +325,11 @@ async fn session(
                             .unwrap_or(0),
                     };
                     tx.send(message(pb::agent_message::Msg::Report(report))).await?;
+                } else {
+                    // Nothing new: look again later than every interval, so an
+                    // idle agent wakes a few times per idle interval, not every
+                    // interval.
+                    ticker.reset_after(idle.quiet_tick(report_every));
                 }
                 while let Some(results) = dataplane.synth().and_then(|s| s.next_report()) {
                     tx.send(message(pb::agent_message::Msg::FlowReport(results))).await?;

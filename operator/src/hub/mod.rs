@@ -215,7 +215,6 @@ impl Hub {
                 let (routes, rules) = store.routes(topology).await?;
                 let mut view = TopologyView::after(plan, version.generation, old.as_deref())
                     .with_routes(routes, rules, old.as_deref());
-                view.problems.extend(problems.iter().cloned());
                 view.plan_problems = problems;
                 view.plan_generation = loaded.plan_generation;
                 view.topology_id = version.id;
@@ -433,16 +432,17 @@ impl Hub {
     /// NOTIFY when they change, the metric, and one log line per problem.
     async fn publish_problems(&self, view: &TopologyView) {
         let topology = &view.plan.topology;
-        for p in &view.problems {
+        let problems = view.problems();
+        for p in &problems {
             tracing::warn!(%topology, subject = %p.subject, problem = %p.problem, consequence = %p.consequence, "stored row cannot run as written");
         }
         self.inner
             .metrics
-            .set_topology_problems(topology, Some(view.problems.len() as u64));
+            .set_topology_problems(topology, Some(problems.len() as u64));
         if let Err(e) = self
             .inner
             .store
-            .record_problems(view.topology_id, topology, &view.problems)
+            .record_problems(view.topology_id, topology, &problems)
             .await
         {
             tracing::warn!(%topology, error = %e, "recording the topology's problems failed");

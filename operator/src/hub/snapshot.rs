@@ -41,10 +41,10 @@ pub struct TopologyView {
     /// Node indices whose overlay address does not follow the previous
     /// node's (ascending): a destination range cannot cross one.
     overlay_breaks: Arc<Vec<u32>>,
-    /// Stored rows this view could not take as written, and what runs instead.
-    pub problems: Vec<crate::store::TopologyProblem>,
-    /// The part of `problems` that comes from the plan's rows (not routes),
-    /// which a view sharing this plan shares too.
+    /// Stored routes this view could not take as written, and what runs instead.
+    route_problems: Vec<crate::store::TopologyProblem>,
+    /// The same for the plan's rows (nodes, links, flows): a view sharing the
+    /// plan shares these.
     pub plan_problems: Vec<crate::store::TopologyProblem>,
 }
 
@@ -196,7 +196,7 @@ impl TopologyView {
             nodes,
             overlays,
             overlay_breaks: Arc::new(overlay_breaks),
-            problems: Vec::new(),
+            route_problems: Vec::new(),
             plan_problems: Vec::new(),
         }
     }
@@ -219,9 +219,19 @@ impl TopologyView {
             nodes: previous.nodes.clone(),
             overlays: previous.overlays.clone(),
             overlay_breaks: previous.overlay_breaks.clone(),
-            problems: previous.plan_problems.clone(),
+            route_problems: Vec::new(),
             plan_problems: previous.plan_problems.clone(),
         }
+    }
+
+    /// Stored rows this view could not take as written, and what runs
+    /// instead: routes first, then the plan's rows.
+    pub fn problems(&self) -> Vec<crate::store::TopologyProblem> {
+        self.route_problems
+            .iter()
+            .chain(&self.plan_problems)
+            .cloned()
+            .collect()
     }
 
     /// A node of the plan with its overlay address as text, by name.
@@ -253,23 +263,21 @@ impl TopologyView {
             flows,
         } = &*self.plan;
         let o = &old.plan;
-        if Arc::ptr_eq(&self.plan, &old.plan) {
-            return self.same_hops(old)
-                && self.identity == old.identity
-                && self.underlay == old.underlay;
-        }
-        self.same_hops(old)
+        // A shared plan is the same plan; the comparison is for one loaded again.
+        let same_plan = Arc::ptr_eq(&self.plan, &old.plan)
+            || (*topology == o.topology
+                && *overlay == o.overlay
+                && *underlay == o.underlay
+                && *placement == o.placement
+                && *dataplane == o.dataplane
+                && *report_interval_ms == o.report_interval_ms
+                && *seed == o.seed
+                && *nodes == o.nodes
+                && *flows == o.flows);
+        same_plan
+            && self.same_hops(old)
             && self.identity == old.identity
             && self.underlay == old.underlay
-            && *topology == o.topology
-            && *overlay == o.overlay
-            && *underlay == o.underlay
-            && *placement == o.placement
-            && *dataplane == o.dataplane
-            && *report_interval_ms == o.report_interval_ms
-            && *seed == o.seed
-            && *nodes == o.nodes
-            && *flows == o.flows
     }
 
     /// Whether every node's next hop to every node is the same link (by
@@ -300,7 +308,7 @@ impl TopologyView {
     /// Adds the stored routes and rules. A route that does not follow the
     /// topology's links (a row the database's checks would refuse) keeps the
     /// path it had in `old`, the last good view, if that path still follows
-    /// them, and is otherwise left out; either way it is listed in `problems`.
+    /// them, and is otherwise left out; either way it is listed in `problems()`.
     pub fn with_routes(
         mut self,
         routes: Vec<RouteRow>,
@@ -320,7 +328,7 @@ impl TopologyView {
                 None => "is left out: the traffic of its rules takes the shortest path".into(),
             };
             tracing::warn!(topology = %self.plan.topology, route = %r.name, path = ?r.path, %consequence, "route does not follow the topology's links");
-            self.problems.push(crate::store::TopologyProblem {
+            self.route_problems.push(crate::store::TopologyProblem {
                 subject: format!("routes {} path", r.name),
                 problem: format!(
                     "path: {} does not follow the topology's links",

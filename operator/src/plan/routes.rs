@@ -128,14 +128,6 @@ pub struct HopRun {
     pub link: u32,
 }
 
-/// For every node (by index in `plan.nodes`), its next hop towards every node
-/// by fewest hops (ties go to the lowest link name), as runs of consecutive
-/// destinations that share the next hop. A generator numbers its nodes along
-/// the topology's structure, so a row holds a handful of runs however large
-/// the topology is (a ring's row has 4, a line's 3, a fat-tree host's 3): the
-/// hub keeps these rows for every topology, and the full table was 8 bytes a
-/// pair (800 MB at 10,000 nodes). One BFS per destination: O(n·(n+m)) time,
-/// O(n) besides the runs.
 /// The graph's nodes, in the order that gives them their indices.
 fn node_names(plan: &Plan) -> impl Iterator<Item = &str> {
     plan.nodes.iter().map(|n| n.name.as_str())
@@ -156,6 +148,14 @@ pub fn same_graph(a: &Plan, b: &Plan) -> bool {
     node_names(a).eq(node_names(b)) && edges(a).eq(edges(b))
 }
 
+/// For every node (by index in `plan.nodes`), its next hop towards every node
+/// by fewest hops (ties go to the lowest link name), as runs of consecutive
+/// destinations that share the next hop. A generator numbers its nodes along
+/// the topology's structure, so a row holds a handful of runs however large
+/// the topology is (a ring's row has 4, a line's 3, a fat-tree host's 3): the
+/// hub keeps these rows for every topology, and the full table was 8 bytes a
+/// pair (800 MB at 10,000 nodes). One BFS per destination: O(n·(n+m)) time,
+/// O(n) besides the runs.
 pub fn next_hop_runs(plan: &Plan) -> Vec<Vec<HopRun>> {
     let graph = Graph::from_plan(plan);
     let link_index: HashMap<&str, u32> = plan

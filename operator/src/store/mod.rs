@@ -349,14 +349,7 @@ impl Store {
 
     /// Which creation of the named topology exists now, and at which generation.
     pub async fn version(&self, topology: &str) -> Result<Option<Version>> {
-        let row = sqlx::query("SELECT id, generation FROM topologies WHERE name = $1")
-            .bind(topology)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| Version {
-            id: r.get("id"),
-            generation: r.get("generation"),
-        }))
+        Ok(self.plan_version(topology).await?.map(|(v, _)| v))
     }
 
     /// [`Store::version`] with the generation at which the plan (everything
