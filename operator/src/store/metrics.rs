@@ -35,33 +35,38 @@ async fn insert_all(pool: &PgPool, rows: &[CounterRow]) -> Result<()> {
     if rows.is_empty() {
         return Ok(());
     }
-    let mut tx = pool.begin().await?;
-    for chunk in rows.chunks(2000) {
-        let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO link_metrics (topology_id, link, node, at, connected, tx_bytes, tx_packets, rx_bytes, \
-             rx_packets, drops, ecn_marks, queue_packets, queue_bytes, rtt_us) ",
-        );
-        qb.push_values(chunk, |mut b, r| {
-            b.push_bind(r.topology_id)
-                .push_bind(&r.link)
-                .push_bind(&r.node)
-                .push_bind(r.at)
-                .push_bind(r.connected)
-                .push_bind(r.tx_bytes as i64)
-                .push_bind(r.tx_packets as i64)
-                .push_bind(r.rx_bytes as i64)
-                .push_bind(r.rx_packets as i64)
-                .push_bind(
-                    (r.drops + r.drops_queue + r.drops_aqm + r.drops_loss + r.drops_loop) as i64,
-                )
-                .push_bind(r.ecn_marks as i64)
-                .push_bind(r.queue_packets as i64)
-                .push_bind(r.queue_bytes as i64)
-                .push_bind((r.rtt_us > 0).then_some(r.rtt_us as i64));
-        });
-        qb.build().execute(&mut *tx).await?;
-    }
-    tx.commit().await?;
+    // One statement for any batch size (see counters::upsert), and one
+    // statement is all or nothing without a transaction.
+    let column =
+        |f: fn(&CounterRow) -> u64| -> Vec<i64> { rows.iter().map(|r| f(r) as i64).collect() };
+    sqlx::query(
+        "INSERT INTO link_metrics (topology_id, link, node, at, connected, tx_bytes, tx_packets, rx_bytes, \
+         rx_packets, drops, ecn_marks, queue_packets, queue_bytes, rtt_us) \
+         SELECT * FROM unnest($1::bigint[], $2::text[], $3::text[], $4::timestamptz[], $5::bool[], $6::bigint[], \
+         $7::bigint[], $8::bigint[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[], $13::bigint[], $14::bigint[])",
+    )
+    .bind(rows.iter().map(|r| r.topology_id).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.link.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.node.as_str()).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.at).collect::<Vec<_>>())
+    .bind(rows.iter().map(|r| r.connected).collect::<Vec<_>>())
+    .bind(column(|r| r.tx_bytes))
+    .bind(column(|r| r.tx_packets))
+    .bind(column(|r| r.rx_bytes))
+    .bind(column(|r| r.rx_packets))
+    .bind(column(|r| {
+        r.drops + r.drops_queue + r.drops_aqm + r.drops_loss + r.drops_loop
+    }))
+    .bind(column(|r| r.ecn_marks))
+    .bind(column(|r| r.queue_packets))
+    .bind(column(|r| r.queue_bytes))
+    .bind(
+        rows.iter()
+            .map(|r| (r.rtt_us > 0).then_some(r.rtt_us as i64))
+            .collect::<Vec<_>>(),
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 

@@ -133,32 +133,40 @@ async fn insert_nodes(
             topology: plan.topology.clone(),
             reason: format!("socks: {e}"),
         })?;
-    for (chunk, socks) in plan.nodes.chunks(1000).zip(socks.chunks(1000)) {
-        let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256, socks) ",
-        );
-        qb.push_values(chunk.iter().zip(socks), |mut b, (n, socks)| {
-            b.push_bind(id)
-                .push_bind(&n.name)
-                .push_bind(n.index as i32)
-                .push_bind(n.overlay.to_string())
-                .push_bind(n.underlay.to_string())
-                .push_bind(n.resources.cpu_millis.map(|c| c as i32))
-                .push_bind(n.resources.memory_bytes.map(|m| m as i64))
-                .push_bind(credential_sha256.get(&n.name).cloned().unwrap_or_default())
-                .push_bind(socks.as_str())
-                .push_unseparated("::jsonb");
-        });
-        qb.build().execute(&mut **tx).await?;
-    }
+    // Columns as arrays, so the statement is the same for any number of nodes
+    // (a VALUES list per size left a prepared statement per size in each
+    // pooled connection).
+    let nodes = &plan.nodes;
+    sqlx::query(
+        "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256, socks) \
+         SELECT $1, name, idx, overlay, underlay, cpu, memory, sha256, socks::jsonb \
+         FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::bigint[], $8::text[], $9::text[]) \
+           AS n(name, idx, overlay, underlay, cpu, memory, sha256, socks)",
+    )
+    .bind(id)
+    .bind(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.index as i32).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.overlay.to_string()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.underlay.to_string()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.resources.cpu_millis.map(|c| c as i32)).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.resources.memory_bytes.map(|m| m as i64)).collect::<Vec<_>>())
+    .bind(
+        nodes
+            .iter()
+            .map(|n| credential_sha256.get(&n.name).cloned().unwrap_or_default())
+            .collect::<Vec<_>>(),
+    )
+    .bind(socks)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
 async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) -> Result<()> {
-    // Serialized up front: the query builder's closure cannot fail. (Serializing these
-    // plain structs cannot fail either, but an error is an error, not a panic.)
-    let params = plan
-        .links
+    let links = &plan.links;
+    // Bound as text and cast, so sqlx needs no JSON feature; arrays for one
+    // statement text at any size (see insert_nodes).
+    let (forward, backward): (Vec<String>, Vec<String>) = links
         .iter()
         .map(|l| {
             Ok((
@@ -166,28 +174,24 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
                 params_json(plan, &l.backward)?,
             ))
         })
-        .collect::<Result<Vec<_>>>()?;
-    for (chunk, params) in plan.links.chunks(1000).zip(params.chunks(1000)) {
-        let mut qb = sqlx::QueryBuilder::new(
-            "INSERT INTO links (topology_id, name, dialer, acceptor, transport, params_forward, params_backward) ",
-        );
-        qb.push_values(
-            chunk.iter().zip(params),
-            |mut b, (l, (forward, backward))| {
-                b.push_bind(id)
-                    .push_bind(&l.name)
-                    .push_bind(&l.dialer)
-                    .push_bind(&l.acceptor)
-                    .push_bind(transport_str(l.transport))
-                    // Bound as text and cast, so sqlx needs no JSON feature.
-                    .push_bind(forward.as_str())
-                    .push_unseparated("::jsonb")
-                    .push_bind(backward.as_str())
-                    .push_unseparated("::jsonb");
-            },
-        );
-        qb.build().execute(&mut **tx).await?;
-    }
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    sqlx::query(
+        "INSERT INTO links (topology_id, name, dialer, acceptor, transport, params_forward, params_backward) \
+         SELECT $1, name, dialer, acceptor, transport, forward::jsonb, backward::jsonb \
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+           AS l(name, dialer, acceptor, transport, forward, backward)",
+    )
+    .bind(id)
+    .bind(links.iter().map(|l| l.name.as_str()).collect::<Vec<_>>())
+    .bind(links.iter().map(|l| l.dialer.as_str()).collect::<Vec<_>>())
+    .bind(links.iter().map(|l| l.acceptor.as_str()).collect::<Vec<_>>())
+    .bind(links.iter().map(|l| transport_str(l.transport)).collect::<Vec<_>>())
+    .bind(forward)
+    .bind(backward)
+    .execute(&mut **tx)
+    .await?;
     Ok(())
 }
 
