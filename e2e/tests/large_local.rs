@@ -127,9 +127,15 @@ fn a_1100_node_ring_forwards_end_to_end() {
         mib(hub_after),
         hub_after as f64 / hub_before as f64
     );
+    let trims = std::fs::read_to_string(env.state_dir.join("logs/hub.log"))
+        .unwrap_or_default()
+        .lines()
+        .filter(|l| l.contains("returned free memory"))
+        .collect::<Vec<_>>()
+        .join("\n");
     assert!(
         hub_after <= bound,
-        "the hub kept {:.1} MiB after the ring's down, {:.1} MiB before its up (at most {HUB_RSS_AFTER_DOWN_MAX}x)",
+        "the hub kept {:.1} MiB after the ring's down, {:.1} MiB before its up (at most {HUB_RSS_AFTER_DOWN_MAX}x); its trims:\n{trims}",
         mib(hub_after),
         mib(hub_before)
     );
