@@ -14,8 +14,8 @@ const NEIGH: &str = "/proc/sys/net/ipv4/neigh/default";
 /// The hub's resident memory after the ring's `down`, against before its `up`
 /// (with a 2-node line running all along). Issue 16 asks for 1.1; glibc keeps
 /// about 5 MB of a 17 MB hub in heap pages that a few live blocks still hold
-/// (1.27-1.30 measured). Before the hub's statements had one text for every
-/// batch size and its TLS tickets were kept, it was 2.0.
+/// (1.27-1.31 measured). While the hub prepared a statement per batch size
+/// and kept a TLS ticket per handshake, it was 2.0-2.5.
 const HUB_RSS_AFTER_DOWN_MAX: f64 = 1.5;
 
 /// Puts the kernel's neighbour-table limits back to their defaults for the

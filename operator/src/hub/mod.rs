@@ -557,10 +557,10 @@ impl Hub {
     /// per-thread arenas: a hub that served 1,000 agents kept their 300 MB
     /// after the topology was removed.
     ///
-    /// A session's entry goes before its connection's buffers, which its HTTP/2
-    /// task frees when the socket closes, seconds later under load (79 MB of
-    /// a 1,100-agent ring's were freed after the last trim). So the hub trims
-    /// again on the ticks after the counts stopped falling.
+    /// A session's entry can go before its connection's buffers, which its
+    /// HTTP/2 task frees when the socket closes, seconds later under load (a
+    /// hub that trimmed only on the falling tick once kept 79 MB of a
+    /// 1,100-agent ring's for 30 s). So it trims on the ticks after, too.
     async fn return_memory(self) {
         const TRIMS_AFTER_A_FALL: u8 = 3;
         let mut tick = tokio::time::interval(RETURN_MEMORY_EVERY);
