@@ -49,13 +49,10 @@ impl Drop for NeighbourDefaults {
 fn a_1100_node_ring_forwards_end_to_end() {
     let _defaults = NeighbourDefaults::set();
     let mut env = Env::new("ring1100");
-    let line = env.state_dir.join("line.yaml");
-    std::fs::write(
-        &line,
-        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata:\n  name: beside\nspec:\n  nodes: [{name: left}, {name: right}]\n---\napiVersion: nextmini.io/v1alpha1\nkind: Link\nmetadata:\n  name: left-right\nspec:\n  topology: beside\n  endpoints: [left, right]\n",
-    )
-    .expect("manifest");
-    env.ok(&["up", "-f", line.to_str().expect("path")]);
+    env.apply_yaml(
+        "beside",
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: beside}\nspec:\n  nodes: [{name: left}, {name: right}]\n  links: [{endpoints: [left, right]}]\n",
+    );
     let hub = env.hub_pid().expect("the hub's pid");
     // The first reports and their writes come in the first seconds.
     std::thread::sleep(Duration::from_secs(3));
