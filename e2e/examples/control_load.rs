@@ -1,19 +1,21 @@
 //! Benchmark (issue 9, point 2): 1,000 agents connected to one hub, reporting
-//! every 100 ms for 5 minutes, while a route rule is flipped every 2 s. Prints the
-//! hub's CPU and memory, the database's write rate, the control-delta latency and
+//! every 100 ms for 5 minutes, while a route rule is flipped every 2 s (with
+//! `link`, a link's delay is changed in place instead). Prints the hub's CPU and memory, the database's write rate, the control-delta latency and
 //! whether anything was dropped (see `nextmini_e2e::load`).
 //!
-//! `sudo cargo run --release -p nextmini-e2e --example control_load -- [agents] [seconds] [interval_ms]`
-//! (defaults 1000, 300, 100; `make bench-load`). Needs the release binaries built.
+//! `sudo cargo run --release -p nextmini-e2e --example control_load -- [agents] [seconds] [interval_ms] [route|link]`
+//! (defaults 1000, 300, 100, route; `make bench-load`). Needs the release binaries built.
 
 use nextmini_e2e::Env;
-use nextmini_e2e::load::{LoadConfig, LoadReport, run};
+use nextmini_e2e::load::{Change, LoadConfig, LoadReport, run};
 use std::time::Duration;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let args: Vec<u64> = std::env::args()
-        .skip(1)
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<u64> = raw
+        .iter()
+        .take(3)
         .map(|a| a.parse())
         .collect::<Result<_, _>>()?;
     let cfg = LoadConfig {
@@ -21,6 +23,7 @@ async fn main() -> anyhow::Result<()> {
         duration: Duration::from_secs(args.get(1).copied().unwrap_or(300)),
         report_interval: Duration::from_millis(args.get(2).copied().unwrap_or(100)),
         change_every: Duration::from_secs(2),
+        change: raw.get(3).map_or(Ok(Change::RouteRule), |c| c.parse())?,
     };
     let env = Env::new("load");
     let report = run(&env, &cfg).await?;

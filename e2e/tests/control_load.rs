@@ -7,16 +7,28 @@
 //! is `make bench-load`.
 
 use nextmini_e2e::Env;
-use nextmini_e2e::load::{Latencies, LoadConfig, LoadReport, run};
+use nextmini_e2e::load::{Change, Latencies, LoadConfig, LoadReport, run};
 use std::time::Duration;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_hundred_agents_report_every_100ms_and_nothing_is_dropped() {
+    under_load(Change::RouteRule, Duration::from_secs(20)).await;
+}
+
+/// The same with a script changing one link's delay in place: only its two
+/// ends are sent anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_changed_in_place_reaches_its_two_ends_under_load() {
+    under_load(Change::LinkDelay, Duration::from_secs(10)).await;
+}
+
+async fn under_load(change: Change, duration: Duration) {
     let cfg = LoadConfig {
         agents: 200,
-        duration: Duration::from_secs(20),
+        duration,
         report_interval: Duration::from_millis(100),
         change_every: Duration::from_secs(1),
+        change,
     };
     let env = Env::new("load");
     let report = run(&env, &cfg).await.expect("the load runs");
@@ -36,12 +48,12 @@ async fn two_hundred_agents_report_every_100ms_and_nothing_is_dropped() {
         report.target_reports_per_sec
     );
     p99_within(&report.affected, 100.0, "the changed node");
-    // The rule a→c over a→b→c changes the config of those three nodes only
-    // (issue 16.4): the other agents are sent nothing, and the hub records
-    // them at the new generation itself.
+    // The rule a→c over a→b→c changes the config of those three nodes only,
+    // a link's delay that of its two ends (issue 16.4): the other agents are
+    // sent nothing, and the hub records them at the new generation itself.
     assert!(
-        (1..=3).contains(&report.sent_to_max),
-        "a route change was sent to {} of {} agents",
+        (1..=change.nodes_touched()).contains(&report.sent_to_max),
+        "a {change:?} change was sent to {} of {} agents",
         report.sent_to_max,
         report.agents
     );

@@ -599,3 +599,95 @@ async fn a_recreated_topology_is_a_new_creation_and_its_delete_is_notified() {
         "a removed node must not get a pid"
     );
 }
+
+/// Issue 16.4: a link changed in place moves the generation but not
+/// `plan_generation`, and carries the generation that changed it, so the hub
+/// reads that link alone. Two writers of one topology's links stamp their rows
+/// in the order they commit, or a hub would miss the second one's change.
+#[tokio::test]
+async fn links_changed_in_place_are_stamped_with_their_generation() {
+    let (_db, store, id) = line3_stored("link-stamps").await;
+    let plan_version = || async {
+        let (v, plan) = store
+            .plan_version("line3")
+            .await
+            .expect("version")
+            .expect("stored");
+        (v.generation, plan)
+    };
+    let changed = |since: i64| {
+        let store = store.clone();
+        async move {
+            let c = store
+                .links_changed_since(id, since, 1500)
+                .await
+                .expect("changed links");
+            c.links.into_iter().map(|l| l.name).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(plan_version().await, (1, 1));
+    assert!(changed(0).await.is_empty(), "a fresh apply stamps nothing");
+
+    sqlx::query(
+        "UPDATE links SET params_forward = jsonb_set(params_forward, '{delay_us}', '3000') \
+         WHERE name = 'b-c'",
+    )
+    .execute(store.pool())
+    .await
+    .expect("update");
+    assert_eq!(plan_version().await, (2, 1), "the plan stands");
+    assert_eq!(changed(1).await, ["b-c"]);
+    assert!(changed(2).await.is_empty());
+    let c = store
+        .links_changed_since(id, 1, 1500)
+        .await
+        .expect("changed");
+    assert_eq!(c.links[0].forward.delay, Some(Duration::from_millis(3)));
+
+    // A statement that leaves the rows as they were stamps nothing.
+    sqlx::query("UPDATE links SET transport = transport")
+        .execute(store.pool())
+        .await
+        .expect("no-op");
+    assert_eq!(plan_version().await, (2, 1));
+    assert!(changed(2).await.is_empty());
+
+    // Two writers at once: the second waits for the first's commit and stamps
+    // the generation its own bump gives.
+    let mut first = store.pool().begin().await.expect("begin");
+    sqlx::query("UPDATE links SET params_forward = jsonb_set(params_forward, '{loss_ppm}', '10') WHERE name = 'a-b'")
+        .execute(&mut *first)
+        .await
+        .expect("first");
+    let second = {
+        let pool = store.pool().clone();
+        tokio::spawn(async move {
+            sqlx::query("UPDATE links SET params_backward = jsonb_set(params_backward, '{loss_ppm}', '20') WHERE name = 'b-c'")
+                .execute(&pool)
+                .await
+                .expect("second")
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "the second writer waits for the first"
+    );
+    first.commit().await.expect("commit");
+    second.await.expect("joined");
+    assert_eq!(plan_version().await, (4, 1));
+    assert_eq!(
+        changed(3).await,
+        ["b-c"],
+        "a hub that read generation 3 must find the second change"
+    );
+    assert_eq!(changed(2).await, ["a-b", "b-c"]);
+
+    // Anything else is a plan change again.
+    let plan = line3();
+    store
+        .apply_plan(&plan, "netns", "source", &hashes(&plan))
+        .await
+        .expect("re-apply");
+    assert_eq!(plan_version().await, (5, 5));
+}

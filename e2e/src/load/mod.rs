@@ -43,8 +43,42 @@ pub struct LoadConfig {
     pub duration: Duration,
     /// The topology's `spec.telemetry.interval`.
     pub report_interval: Duration,
-    /// Time between route changes.
+    /// Time between changes.
     pub change_every: Duration,
+    /// What each change is.
+    pub change: Change,
+}
+
+/// The change the driver commits every `change_every`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Change {
+    /// The route rule a→c flipped between two routes a→b→c: its three nodes
+    /// need it.
+    RouteRule,
+    /// Link a-b's forward delay toggled by a script's UPDATE in place: its two
+    /// ends need it.
+    LinkDelay,
+}
+
+impl std::str::FromStr for Change {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> anyhow::Result<Change> {
+        match s {
+            "route" => Ok(Change::RouteRule),
+            "link" => Ok(Change::LinkDelay),
+            other => bail!("change: must be route or link, got {other:?}"),
+        }
+    }
+}
+
+impl Change {
+    /// How many agents the change may be sent to.
+    pub fn nodes_touched(self) -> usize {
+        match self {
+            Change::RouteRule => 3,
+            Change::LinkDelay => 2,
+        }
+    }
 }
 
 /// A ring of `agents` nodes reporting every `interval`, with two explicit routes
@@ -116,6 +150,13 @@ pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     .execute(&pool)
     .await?;
 
+    let link_ab = plan
+        .links
+        .iter()
+        .find(|l| [&l.dialer, &l.acceptor] == [a, b] || [&l.dialer, &l.acceptor] == [b, a])
+        .map(|l| l.name.clone())
+        .context("the ring's link between its first two nodes")?;
+
     let stats = Arc::new(FleetStats::default());
     let (stop_tx, stop_rx) = watch::channel(false);
     let started = Instant::now();
@@ -169,12 +210,21 @@ pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         let round = Instant::now();
         route = 3 - route;
         let mut tx = pool.begin().await?;
-        sqlx::query(
-            "UPDATE route_rules SET route_id = $2 \
-             WHERE topology_id = (SELECT id FROM topologies WHERE name = $1)",
-        )
-        .bind(TOPOLOGY)
-        .bind(route)
+        match cfg.change {
+            Change::RouteRule => sqlx::query(
+                "UPDATE route_rules SET route_id = $2 \
+                 WHERE topology_id = (SELECT id FROM topologies WHERE name = $1)",
+            )
+            .bind(TOPOLOGY)
+            .bind(route),
+            Change::LinkDelay => sqlx::query(
+                "UPDATE links SET params_forward = jsonb_set(params_forward, '{delay_us}', to_jsonb($2::bigint)) \
+                 WHERE topology_id = (SELECT id FROM topologies WHERE name = $1) AND name = $3",
+            )
+            .bind(TOPOLOGY)
+            .bind(i64::from(route) * 1000)
+            .bind(&link_ab),
+        }
         .execute(&mut *tx)
         .await?;
         let generation: i64 =

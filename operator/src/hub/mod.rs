@@ -15,6 +15,7 @@ mod scenario;
 mod session;
 mod snapshot;
 mod tls;
+mod verify;
 
 pub use snapshot::{SentConfig, TopologyView, Underlay, delta};
 
@@ -57,6 +58,7 @@ struct Inner {
     views_store: Store,
     counters: CounterBatcher,
     views: Mutex<HashMap<String, Arc<TopologyView>>>,
+    checks: verify::Checks,
     sessions: Mutex<HashMap<SessionKey, SessionEntry>>,
     next_session: AtomicU64,
     started: Instant,
@@ -73,6 +75,7 @@ impl Hub {
                 store,
                 counters,
                 views: Mutex::new(HashMap::new()),
+                checks: verify::Checks::default(),
                 sessions: Mutex::new(HashMap::new()),
                 next_session: AtomicU64::new(1),
                 started: Instant::now(),
@@ -191,18 +194,28 @@ impl Hub {
             .get(topology)
             .filter(|o| o.topology_id == version.id)
             .cloned();
-        let mut view = match old
+        let view = match old
             .as_deref()
             .filter(|o| o.plan_generation == plan_generation)
         {
-            // Only routes or rules changed since `old`: its plan stands.
+            // Only routes, rules or links in place changed since `old`: its
+            // plan stands but for the links stamped after it.
             Some(o) => {
+                let changed = store
+                    .links_changed_since(version.id, o.generation, o.plan.dataplane.mtu)
+                    .await?;
                 let (routes, rules) = store.routes(topology).await?;
-                TopologyView::same_plan_as(o, version.generation).with_routes(
-                    routes,
-                    rules,
-                    Some(o),
-                )
+                let mut view = if changed.links.is_empty() {
+                    TopologyView::same_plan_as(o, version.generation)
+                } else {
+                    TopologyView::with_links_changed(o, version.generation, changed)
+                };
+                // An apply stores the identity just after its commit, so a
+                // view loaded in between has none yet.
+                if view.identity.is_none() {
+                    view.identity = store.link_identity(topology).await?;
+                }
+                view.with_routes(routes, rules, Some(o))
             }
             None => {
                 let Some(loaded) = store.load_checked(topology).await? else {
@@ -218,13 +231,15 @@ impl Hub {
                 view.plan_problems = problems;
                 view.plan_generation = loaded.plan_generation;
                 view.topology_id = version.id;
+                // Both change only with an apply, which moves the plan
+                // generation: a view sharing the plan shares them.
+                view.identity = store.link_identity(topology).await?;
+                if let Some(runtime) = store.runtime_of(topology).await? {
+                    view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
+                }
                 view
             }
         };
-        view.identity = store.link_identity(topology).await?;
-        if let Some(runtime) = store.runtime_of(topology).await? {
-            view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
-        }
         Ok(Some(Arc::new(view)))
     }
 
@@ -410,6 +425,9 @@ impl Hub {
                 .await
         {
             tracing::warn!(%topology, error = %e, "recording the untouched nodes at the new generation failed");
+        }
+        if new.built_in_part() {
+            self.check_view_soon(topology).await;
         }
         if behind.is_empty() {
             return;

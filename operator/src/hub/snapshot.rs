@@ -38,6 +38,11 @@ pub struct TopologyView {
     nodes: Arc<HashMap<String, usize>>,
     /// Each node's overlay address as text, in `plan.nodes` order.
     overlays: Arc<Vec<String>>,
+    /// The link between two nodes (by position, the lower first) as its
+    /// position in `plan.links`, the lowest name where links are parallel:
+    /// checking a stored route's path built the whole graph per route, 5 ms
+    /// each at 10,000 nodes, on every change.
+    ends: Arc<HashMap<(u32, u32), u32>>,
     /// Node indices whose overlay address does not follow the previous
     /// node's (ascending): a destination range cannot cross one.
     overlay_breaks: Arc<Vec<u32>>,
@@ -46,6 +51,13 @@ pub struct TopologyView {
     /// The same for the plan's rows (nodes, links, flows): a view sharing the
     /// plan shares these.
     pub plan_problems: Vec<crate::store::TopologyProblem>,
+    /// When this view is the view at generation `.0` with only the links
+    /// named in `.1` changed in place: the nodes a change touches are then
+    /// their ends, found without comparing every link and node.
+    links_changed: Option<(i64, Vec<String>)>,
+    /// Made from an earlier view and the rows a change stamped, not from
+    /// every stored row (checked against them later: `hub/verify.rs`).
+    built_in_part: bool,
 }
 
 /// The loop guard agents apply, in links a packet may cross. A path that visits
@@ -133,6 +145,26 @@ impl Underlay {
     }
 }
 
+/// See [`TopologyView::ends`]. Links naming unknown nodes are left out, as
+/// the planner's graph leaves them out.
+fn link_ends(plan: &Plan, nodes: &HashMap<String, usize>) -> HashMap<(u32, u32), u32> {
+    let mut ends: HashMap<(u32, u32), u32> = HashMap::with_capacity(plan.links.len());
+    for (i, l) in plan.links.iter().enumerate() {
+        let (Some(&a), Some(&b)) = (nodes.get(&l.dialer), nodes.get(&l.acceptor)) else {
+            continue;
+        };
+        let key = ((a.min(b)) as u32, (a.max(b)) as u32);
+        let lower = |j: u32| plan.links.get(j as usize).is_none_or(|o| l.name < o.name);
+        match ends.get(&key) {
+            Some(&j) if !lower(j) => {}
+            _ => {
+                ends.insert(key, i as u32);
+            }
+        }
+    }
+    ends
+}
+
 fn socks_listener(s: &crate::plan::PlannedSocks) -> pb::SocksListener {
     pb::SocksListener {
         listen: s.listen.to_string(),
@@ -173,6 +205,11 @@ impl TopologyView {
                 .map(|(i, n)| (n.name.clone(), i))
                 .collect(),
         );
+        let ends = match previous.filter(|p| Arc::ptr_eq(&p.hops, &hops)) {
+            // The same graph, and links are sorted by name in both plans.
+            Some(p) => p.ends.clone(),
+            None => Arc::new(link_ends(&plan, &nodes)),
+        };
         let overlays = Arc::new(plan.nodes.iter().map(|n| n.overlay.to_string()).collect());
         let overlay_breaks = plan
             .nodes
@@ -195,9 +232,12 @@ impl TopologyView {
             underlay: Underlay::Bridge,
             nodes,
             overlays,
+            ends,
             overlay_breaks: Arc::new(overlay_breaks),
             route_problems: Vec::new(),
             plan_problems: Vec::new(),
+            links_changed: None,
+            built_in_part: false,
         }
     }
 
@@ -218,9 +258,62 @@ impl TopologyView {
             underlay: previous.underlay.clone(),
             nodes: previous.nodes.clone(),
             overlays: previous.overlays.clone(),
+            ends: previous.ends.clone(),
             overlay_breaks: previous.overlay_breaks.clone(),
             route_problems: Vec::new(),
             plan_problems: previous.plan_problems.clone(),
+            links_changed: None,
+            built_in_part: true,
+        }
+    }
+
+    /// A view at `generation` of `previous`'s plan with the links an UPDATE
+    /// changed in place since (their parameters or transport: a link's name
+    /// and ends cannot change live, so the graph and everything computed from
+    /// it are shared). A changed row that breaks the rules runs its last good
+    /// state from `previous`, as in a full load ([`super::repair`]).
+    pub fn with_links_changed(
+        previous: &TopologyView,
+        generation: i64,
+        changed: crate::store::ChangedLinks,
+    ) -> TopologyView {
+        let mut plan = (*previous.plan).clone();
+        let names: Vec<String> = changed.links.iter().map(|l| l.name.clone()).collect();
+        for link in changed.links {
+            // Always found: the same creation, and links never come or go in place.
+            if let Some(slot) = plan.links.iter_mut().find(|l| l.name == link.name) {
+                *slot = link;
+            }
+        }
+        let problems = super::repair::put_back(&mut plan, &changed.faults, Some(previous));
+        let mut view = TopologyView::same_plan_as(previous, generation);
+        view.plan = Arc::new(plan);
+        // A changed row's earlier problems are replaced by what it has now.
+        let subjects: Vec<String> = names.iter().map(|n| format!("links {n} ")).collect();
+        view.plan_problems
+            .retain(|p| !subjects.iter().any(|s| p.subject.starts_with(s.as_str())));
+        view.plan_problems.extend(problems);
+        view.links_changed = Some((previous.generation, names));
+        view
+    }
+
+    /// Whether this view was made from an earlier one and the rows a change
+    /// stamped ([`TopologyView::same_plan_as`],
+    /// [`TopologyView::with_links_changed`]) rather than from every stored row.
+    pub fn built_in_part(&self) -> bool {
+        self.built_in_part
+    }
+
+    /// The links changed in place since `old`, when this view was made from
+    /// `old` by [`TopologyView::with_links_changed`].
+    fn links_changed_since(&self, old: &TopologyView) -> Option<&[String]> {
+        match &self.links_changed {
+            Some((since, names))
+                if *since == old.generation && self.topology_id == old.topology_id =>
+            {
+                Some(names)
+            }
+            _ => None,
         }
     }
 
@@ -231,6 +324,26 @@ impl TopologyView {
             .iter()
             .chain(&self.plan_problems)
             .cloned()
+            .collect()
+    }
+
+    /// The links along `path`, or `None` when it names an unknown node or
+    /// steps between nodes no link joins ([`crate::plan::path_links`]'s
+    /// answer, from this view's tables).
+    fn path_links(&self, path: &[String]) -> Option<Vec<String>> {
+        let at: Vec<u32> = path
+            .iter()
+            .map(|n| self.nodes.get(n).map(|&i| i as u32))
+            .collect::<Option<_>>()?;
+        if at.is_empty() {
+            return None;
+        }
+        at.windows(2)
+            .map(|pair| {
+                let key = (pair[0].min(pair[1]), pair[0].max(pair[1]));
+                let &link = self.ends.get(&key)?;
+                Some(self.plan.links.get(link as usize)?.name.clone())
+            })
             .collect()
     }
 
@@ -263,8 +376,11 @@ impl TopologyView {
             flows,
         } = &*self.plan;
         let o = &old.plan;
-        // A shared plan is the same plan; the comparison is for one loaded again.
+        // A shared plan is the same plan, and so is one that differs from
+        // `old`'s by links changed in place (those are `affected_nodes`'); the
+        // comparison is for one loaded again.
         let same_plan = Arc::ptr_eq(&self.plan, &old.plan)
+            || self.links_changed_since(old).is_some()
             || (*topology == o.topology
                 && *overlay == o.overlay
                 && *underlay == o.underlay
@@ -316,13 +432,13 @@ impl TopologyView {
         old: Option<&TopologyView>,
     ) -> TopologyView {
         for r in routes {
-            if let Some(links) = crate::plan::path_links(&self.plan, &r.path) {
+            if let Some(links) = self.path_links(&r.path) {
                 self.routes.insert(r.id, (r.path, links));
                 continue;
             }
-            let kept = old.and_then(|o| o.routes.get(&r.id)).and_then(|(path, _)| {
-                crate::plan::path_links(&self.plan, path).map(|l| (path.clone(), l))
-            });
+            let kept = old
+                .and_then(|o| o.routes.get(&r.id))
+                .and_then(|(path, _)| self.path_links(path).map(|l| (path.clone(), l)));
             let consequence = match &kept {
                 Some((path, _)) => format!("runs its last good path {}", path.join("-")),
                 None => "is left out: the traffic of its rules takes the shortest path".into(),
@@ -359,19 +475,30 @@ impl TopologyView {
         self
     }
 
-    /// Nodes whose config may differ between `old` and this view: on an explicit
-    /// route or a rule's source in either, or an end of a link that was added,
-    /// removed or changed. They are sent their change first, so a route change
+    /// Nodes whose config may differ between `old` and this view: when routes
+    /// or rules changed, those on an explicit route or a rule's source in
+    /// either; an end of a link that was added, removed or changed. They are sent their change first, so a route change
     /// reaches the packet path before hundreds of unaffected agents are served.
     pub fn affected_nodes(&self, old: &TopologyView) -> std::collections::HashSet<String> {
         let mut nodes = std::collections::HashSet::new();
-        for view in [self, old] {
-            for (path, _) in view.routes.values() {
-                nodes.extend(path.iter().cloned());
+        // Routes and rules as they were touch nobody (a link change beside
+        // them reaches its own two ends only).
+        if self.routes != old.routes || self.rules != old.rules {
+            for view in [self, old] {
+                for (path, _) in view.routes.values() {
+                    nodes.extend(path.iter().cloned());
+                }
+                nodes.extend(view.rules.iter().map(|r| r.src.clone()));
             }
-            nodes.extend(view.rules.iter().map(|r| r.src.clone()));
         }
         if Arc::ptr_eq(&self.plan, &old.plan) {
+            return nodes;
+        }
+        if let Some(names) = self.links_changed_since(old) {
+            for link in self.plan.links.iter().filter(|l| names.contains(&l.name)) {
+                nodes.insert(link.dialer.clone());
+                nodes.insert(link.acceptor.clone());
+            }
             return nodes;
         }
         let before: HashMap<&str, &crate::plan::PlannedLink> = old
@@ -1234,6 +1361,96 @@ mod tests {
         let mut slower = diamond();
         slower.report_interval_ms += 1;
         assert!(!TopologyView::new(slower, 2).same_outside_affected(&before));
+    }
+
+    /// The view's own path check answers as the planner's does, parallel
+    /// links (the lowest name) included.
+    #[test]
+    fn a_views_path_check_is_the_planners() {
+        let mut plan = diamond();
+        let mut parallel = plan.links[0].clone();
+        parallel.name = format!("{}-0", plan.links[0].name);
+        std::mem::swap(&mut parallel.dialer, &mut parallel.acceptor);
+        plan.links.push(parallel);
+        plan.links.sort_by(|a, b| a.name.cmp(&b.name));
+        let view = TopologyView::new(plan.clone(), 1);
+        let paths: [&[&str]; 7] = [
+            &["s", "x", "d"],
+            &["d", "x", "s"],
+            &["s", "y", "d", "x"],
+            &["s", "d"],
+            &["s", "q"],
+            &["s"],
+            &[],
+        ];
+        for path in paths {
+            let path: Vec<String> = path.iter().map(|s| s.to_string()).collect();
+            assert_eq!(
+                view.path_links(&path),
+                crate::plan::path_links(&plan, &path),
+                "{path:?}"
+            );
+        }
+    }
+
+    /// Issue 16.4: links changed in place give a view that shares everything
+    /// but the plan's links, names exactly their ends as affected, and serves
+    /// every node what a view loaded in full would.
+    #[test]
+    fn links_changed_in_place_touch_only_their_ends() {
+        use crate::store::{ChangedLinks, FaultyPart, RowFault};
+        let before = TopologyView::new(diamond(), 1);
+        let mut slower = diamond();
+        let i = slower
+            .links
+            .iter()
+            .position(|l| l.name == "x-d")
+            .expect("x-d");
+        slower.links[i].forward.delay = Some(std::time::Duration::from_millis(7));
+        let changed = ChangedLinks {
+            links: vec![slower.links[i].clone()],
+            faults: Vec::new(),
+        };
+        let after = TopologyView::with_links_changed(&before, 2, changed);
+        assert!(Arc::ptr_eq(&after.hops, &before.hops) && Arc::ptr_eq(&after.nodes, &before.nodes));
+        assert_eq!(*after.plan, slower);
+        assert!(after.same_outside_affected(&before));
+        let mut affected: Vec<String> = after.affected_nodes(&before).into_iter().collect();
+        affected.sort();
+        assert_eq!(affected, ["d", "x"]);
+        let full = TopologyView::new(slower.clone(), 2);
+        for node in ["s", "x", "y", "d"] {
+            assert_eq!(after.snapshot(node), full.snapshot(node), "{node}");
+        }
+        // Measured against any other view, nothing is assumed.
+        let other = TopologyView::new(diamond(), 1);
+        assert_eq!(after.affected_nodes(&other), full.affected_nodes(&other));
+
+        // A changed row that breaks the rules runs its last good parameters
+        // and is listed; once good again, it is no longer listed.
+        let broken = ChangedLinks {
+            links: vec![crate::plan::PlannedLink {
+                forward: Default::default(),
+                ..slower.links[i].clone()
+            }],
+            faults: vec![RowFault {
+                part: FaultyPart::LinkForward("x-d".into()),
+                subject: "links x-d params_forward".into(),
+                problem: "params_forward: unknown key rate".into(),
+            }],
+        };
+        let faulty = TopologyView::with_links_changed(&after, 3, broken);
+        assert_eq!(
+            faulty.plan.links[i].forward.delay,
+            Some(std::time::Duration::from_millis(7))
+        );
+        assert_eq!(faulty.problems().len(), 1, "{:?}", faulty.problems());
+        let repaired = ChangedLinks {
+            links: vec![slower.links[i].clone()],
+            faults: Vec::new(),
+        };
+        let good = TopologyView::with_links_changed(&faulty, 4, repaired);
+        assert!(good.problems().is_empty(), "{:?}", good.problems());
     }
 
     #[test]

@@ -22,7 +22,7 @@ pub use fidelity::{FIDELITY_HOLD_SECS, FidelityEpisode};
 pub use flows::{FlowResultRow, FlowRow, Readiness, ReceivedRow, SentRow, flow_status, route_name};
 pub use forwarding::LinkNotForwarding;
 pub use identity::LinkIdentity;
-pub use plan_rows::LoadedPlan;
+pub use plan_rows::{ChangedLinks, LoadedPlan};
 pub use routes::{RouteRow, RouteRuleRow};
 pub use scenario::{AppliedRow, PendingNodeEvent, TimelineRow};
 pub use status::{LinkStatusRow, NodeStatusRow, TopologyStatusRow};
@@ -209,6 +209,52 @@ impl Store {
         Ok(generation)
     }
 
+    /// Stores `plan` when it differs from the stored one only in the
+    /// parameters or transport of the `changed` links
+    /// ([`Plan::links_changed_in_place`]): their rows are updated in place,
+    /// which the hub reads alone, and the source is recorded. Returns the
+    /// generation in force (the same one when no link changed).
+    pub async fn update_links_in_place(
+        &self,
+        plan: &Plan,
+        source: &str,
+        changed: &[&crate::plan::PlannedLink],
+    ) -> Result<i64> {
+        let mut tx = self.pool.begin().await?;
+        let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = $1 FOR UPDATE")
+            .bind(&plan.topology)
+            .fetch_one(&mut *tx)
+            .await?;
+        if !changed.is_empty() {
+            plan_rows::update_links(&mut tx, id, plan, changed).await?;
+        }
+        let generation: i64 = sqlx::query_scalar(
+            "UPDATE topologies SET source = $2 WHERE id = $1 RETURNING generation",
+        )
+        .bind(id)
+        .bind(source)
+        .fetch_one(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        Ok(generation)
+    }
+
+    /// Moves creation `topology_id` from `generation` to the next, unless it
+    /// moved already: the hub's way to say the stored rows changed without
+    /// the triggers that track changes (a full load follows, as for any
+    /// change other than routes or links in place). Returns whether it moved.
+    pub async fn move_generation(&self, topology_id: i64, generation: i64) -> Result<bool> {
+        let moved = sqlx::query(
+            "UPDATE topologies SET generation = generation + 1, updated_at = now() \
+             WHERE id = $1 AND generation = $2",
+        )
+        .bind(topology_id)
+        .bind(generation)
+        .execute(&self.pool)
+        .await?;
+        Ok(moved.rows_affected() == 1)
+    }
+
     /// Which runtime runs the topology (`netns`, or `kubernetes/<namespace>`).
     pub async fn runtime_of(&self, topology: &str) -> Result<Option<String>> {
         Ok(
@@ -296,6 +342,18 @@ impl Store {
         plan_rows::load(&self.pool, topology).await
     }
 
+    /// The links of creation `topology_id` changed in place after generation
+    /// `since`, held to the rules as [`Store::load_checked`] holds them; `mtu`
+    /// is the topology's, which the rules check packet sizes against.
+    pub async fn links_changed_since(
+        &self,
+        topology_id: i64,
+        since: i64,
+        mtu: u32,
+    ) -> Result<ChangedLinks> {
+        plan_rows::links_changed_since(&self.pool, topology_id, since, mtu).await
+    }
+
     /// Records what the hub found wrong in a topology's rows (replacing the
     /// earlier list) and, when the list changed, tells listeners on
     /// `nextmini_topology` with the payload `<topology> problems=<n>`.
@@ -352,8 +410,9 @@ impl Store {
         Ok(self.plan_version(topology).await?.map(|(v, _)| v))
     }
 
-    /// [`Store::version`] with the generation at which the plan (everything
-    /// but routes and route rules) last changed.
+    /// [`Store::version`] with the generation at which the plan last changed
+    /// other than by routes, route rules, or links changed in place (see
+    /// [`Store::links_changed_since`]).
     pub async fn plan_version(&self, topology: &str) -> Result<Option<(Version, i64)>> {
         let row =
             sqlx::query("SELECT id, generation, plan_generation FROM topologies WHERE name = $1")

@@ -7,6 +7,7 @@ use crate::plan::{
     Dataplane, LinkParams, Mapping, Packing, Placement, Plan, PlannedLink, PlannedNode, Resources,
     Transport,
 };
+use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
 
@@ -118,6 +119,42 @@ pub(super) async fn change_nodes_links_and_flows(
     replace_links_and_flows(tx, id, plan).await
 }
 
+/// Writes the parameters and transport of `changed` links of topology `id`
+/// over their rows, one statement for all: the links' own triggers stamp them
+/// and move the generation once, leaving `plan_generation` where it was.
+pub(super) async fn update_links(
+    tx: &mut Transaction<'_, Postgres>,
+    id: i64,
+    plan: &Plan,
+    changed: &[&PlannedLink],
+) -> Result<()> {
+    let (forward, backward): (Vec<String>, Vec<String>) = changed
+        .iter()
+        .map(|l| {
+            Ok((
+                params_json(plan, &l.forward)?,
+                params_json(plan, &l.backward)?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?
+        .into_iter()
+        .unzip();
+    sqlx::query(
+        "UPDATE links l SET transport = c.transport, \
+           params_forward = c.forward::jsonb, params_backward = c.backward::jsonb \
+         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS c(name, transport, forward, backward) \
+         WHERE l.topology_id = $1 AND l.name = c.name",
+    )
+    .bind(id)
+    .bind(changed.iter().map(|l| l.name.as_str()).collect::<Vec<_>>())
+    .bind(changed.iter().map(|l| transport_str(l.transport)).collect::<Vec<_>>())
+    .bind(forward)
+    .bind(backward)
+    .execute(&mut **tx)
+    .await?;
+    Ok(())
+}
+
 async fn insert_nodes(
     tx: &mut Transaction<'_, Postgres>,
     id: i64,
@@ -200,7 +237,8 @@ async fn insert_links(tx: &mut Transaction<'_, Postgres>, id: i64, plan: &Plan) 
 pub struct LoadedPlan {
     pub plan: Plan,
     pub version: super::Version,
-    /// `topologies.plan_generation`: when something other than routes last changed.
+    /// `topologies.plan_generation`: when something other than routes, route
+    /// rules or links changed in place last changed.
     pub plan_generation: i64,
     /// Rows that break the rules for what a row may hold; the plan has a
     /// stand-in for each (see [`FaultyPart`]).
@@ -279,6 +317,47 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
     .bind(id)
     .fetch_all(pool)
     .await?;
+    let links = planned_links(rows, mtu, &mut faults);
+    let (flows, flow_faults) = super::flows::load(pool, id).await?;
+    let scenario = super::scenario::load(pool, id, name).await?;
+    faults.extend(flow_faults);
+    let plan = Plan {
+        topology: name.to_string(),
+        overlay,
+        underlay,
+        placement: parse_placement(&t.get::<String, _>("placement")),
+        dataplane: Dataplane {
+            processors: t.get::<i32, _>("processors") as u32,
+            mapping: if t.get::<String, _>("mapping") == "concurrent" {
+                Mapping::Concurrent
+            } else {
+                Mapping::Sequential
+            },
+            mtu,
+            ttl_decrement: t.get("ttl_decrement"),
+        },
+        report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
+        seed: t.get::<Option<i64>, _>("seed").map(|s| s as u64),
+        scenario,
+        nodes,
+        links,
+        flows,
+    };
+    let version = super::Version {
+        id,
+        generation: t.get("generation"),
+    };
+    Ok(Some(LoadedPlan {
+        plan,
+        version,
+        plan_generation: t.get("plan_generation"),
+        faults,
+    }))
+}
+
+/// Link rows as planned links, each direction held to the database's rules;
+/// a direction or transport that breaks them is a fault with a stand-in.
+fn planned_links(rows: Vec<PgRow>, mtu: u32, faults: &mut Vec<RowFault>) -> Vec<PlannedLink> {
     let mut checker = ParamsChecker::new(mtu);
     let mut links = Vec::with_capacity(rows.len());
     for r in rows {
@@ -319,41 +398,38 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
             name,
         });
     }
-    let (flows, flow_faults) = super::flows::load(pool, id).await?;
-    let scenario = super::scenario::load(pool, id, name).await?;
-    faults.extend(flow_faults);
-    let plan = Plan {
-        topology: name.to_string(),
-        overlay,
-        underlay,
-        placement: parse_placement(&t.get::<String, _>("placement")),
-        dataplane: Dataplane {
-            processors: t.get::<i32, _>("processors") as u32,
-            mapping: if t.get::<String, _>("mapping") == "concurrent" {
-                Mapping::Concurrent
-            } else {
-                Mapping::Sequential
-            },
-            mtu,
-            ttl_decrement: t.get("ttl_decrement"),
-        },
-        report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
-        seed: t.get::<Option<i64>, _>("seed").map(|s| s as u64),
-        scenario,
-        nodes,
-        links,
-        flows,
-    };
-    let version = super::Version {
-        id,
-        generation: t.get("generation"),
-    };
-    Ok(Some(LoadedPlan {
-        plan,
-        version,
-        plan_generation: t.get("plan_generation"),
-        faults,
-    }))
+    links
+}
+
+/// Links of one topology changed in place after some generation, as the
+/// hub's plan holds them, with the faults among their rows.
+#[derive(Debug, Clone, Default)]
+pub struct ChangedLinks {
+    pub links: Vec<PlannedLink>,
+    pub faults: Vec<RowFault>,
+}
+
+/// The links of topology `id` an UPDATE changed after generation `since`
+/// (migration 0018 stamps each changed row): what a view at `since` needs to
+/// reach the current one when `plan_generation` did not move.
+pub(super) async fn links_changed_since(
+    pool: &PgPool,
+    id: i64,
+    since: i64,
+    mtu: u32,
+) -> Result<ChangedLinks> {
+    let rows = sqlx::query(
+        "SELECT name, dialer, acceptor, transport, \
+           params_forward::text AS params_forward, params_backward::text AS params_backward \
+         FROM links WHERE topology_id = $1 AND changed_generation > $2 ORDER BY name",
+    )
+    .bind(id)
+    .bind(since)
+    .fetch_all(pool)
+    .await?;
+    let mut faults = Vec::new();
+    let links = planned_links(rows, mtu, &mut faults);
+    Ok(ChangedLinks { links, faults })
 }
 
 /// Holds stored link parameters to the rules the database applies to writes.
