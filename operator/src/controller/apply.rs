@@ -369,20 +369,10 @@ async fn store_plan(
     {
         return Ok(g);
     }
-    let running = store.load_checked(&plan.topology).await?;
-    // Only link parameters or transports changed (a `kubectl patch` of a
-    // Link): those rows are updated, and the hub reads them alone. A faulty
-    // row reads as its stand-in, so then everything is written again.
-    if let Some(changed) = running
-        .as_ref()
-        .filter(|r| r.faults.is_empty())
-        .and_then(|r| r.plan.links_changed_in_place(plan))
-    {
-        let generation = store.update_links_in_place(plan, &source, &changed).await?;
-        tracing::info!(topology = %plan.topology, %namespace, generation, links = changed.len(), "changed links in place");
-        return Ok(generation);
-    }
-    let changes = running.and_then(|r| r.plan.node_changes(plan));
+    let changes = store
+        .load_plan(&plan.topology)
+        .await?
+        .and_then(|(running, _)| running.node_changes(plan));
     let generation = match changes {
         Some(changes) => {
             let added = credentials.token_hashes(changes.added.iter());

@@ -103,25 +103,7 @@ pub async fn up(local: &Local, args: UpArgs) -> anyhow::Result<i32> {
     let timeout = Duration::from_secs(args.timeout_secs);
     for plan in &plans {
         let topology = &plan.topology;
-        if let Some(loaded) = store.load_checked(topology).await? {
-            let running = loaded.plan;
-            // A faulty row reads as its stand-in: rewritten in full instead.
-            let in_place = loaded
-                .faults
-                .is_empty()
-                .then(|| running.links_changed_in_place(plan))
-                .flatten();
-            if let Some(changed) = in_place
-                && local.runtime()?.is_running(&running)
-            {
-                let generation = store.update_links_in_place(plan, &source, &changed).await?;
-                wait_ready(local, &store, plan, generation, timeout).await?;
-                println!(
-                    "topology {topology} changed in place (generation {generation}): {} link(s) changed, no node restarted",
-                    changed.len()
-                );
-                continue;
-            }
+        if let Some((running, _)) = store.load_plan(topology).await? {
             let changes = running.node_changes(plan);
             match changes {
                 Some(changes) if local.runtime()?.is_running(&running) => {
