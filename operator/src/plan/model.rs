@@ -765,55 +765,6 @@ impl Plan {
         })
     }
 
-    /// The links of `new` whose parameters or transport differ from
-    /// `self`'s (running), when nothing else does: the same settings, nodes,
-    /// flows and scenario, and the same links by name and ends. `None` when
-    /// anything else changed. Such a change is stored by updating those link
-    /// rows in place, which the hub then reads alone (issue 16.4).
-    pub fn links_changed_in_place<'a>(&self, new: &'a Plan) -> Option<Vec<&'a PlannedLink>> {
-        // Spelt out, so that a field added to `Plan` has to be placed here.
-        let Plan {
-            topology,
-            overlay,
-            underlay,
-            placement,
-            dataplane,
-            report_interval_ms,
-            seed,
-            scenario,
-            nodes,
-            links,
-            flows,
-        } = self;
-        let same_rest = *topology == new.topology
-            && *overlay == new.overlay
-            && *underlay == new.underlay
-            && *placement == new.placement
-            && *dataplane == new.dataplane
-            && *report_interval_ms == new.report_interval_ms
-            && *seed == new.seed
-            && *scenario == new.scenario
-            && *nodes == new.nodes
-            && *flows == new.flows;
-        if !same_rest || links.len() != new.links.len() {
-            return None;
-        }
-        // Both sorted by name: the same links pair up in order.
-        let mut changed = Vec::new();
-        for (running, wanted) in links.iter().zip(&new.links) {
-            if running.name != wanted.name
-                || running.dialer != wanted.dialer
-                || running.acceptor != wanted.acceptor
-            {
-                return None;
-            }
-            if running != wanted {
-                changed.push(wanted);
-            }
-        }
-        Some(changed)
-    }
-
     /// Links that touch `node`, with the peer on the other end.
     pub fn links_of<'a>(
         &'a self,
@@ -868,40 +819,6 @@ mod tests {
             base.node_changes(&wider),
             None,
             "dataplane changes recreate every node"
-        );
-    }
-
-    #[test]
-    fn only_a_change_of_link_parameters_or_transport_is_made_in_place() {
-        let base = line3();
-        assert_eq!(base.links_changed_in_place(&base), Some(vec![]));
-        let mut slower = base.clone();
-        slower.links[1].backward.delay = Some(Duration::from_millis(4));
-        slower.links[0].transport = crate::plan::Transport::Quic;
-        let changed: Vec<&str> = base
-            .links_changed_in_place(&slower)
-            .expect("in place")
-            .iter()
-            .map(|l| l.name.as_str())
-            .collect();
-        assert_eq!(
-            changed,
-            [base.links[0].name.as_str(), base.links[1].name.as_str()]
-        );
-
-        let mut fewer = base.clone();
-        fewer.links.pop();
-        assert_eq!(base.links_changed_in_place(&fewer), None, "a link removed");
-        let mut turned = base.clone();
-        let link = &mut turned.links[0];
-        std::mem::swap(&mut link.dialer, &mut link.acceptor);
-        assert_eq!(base.links_changed_in_place(&turned), None, "a link's ends");
-        let mut reporting = slower.clone();
-        reporting.report_interval_ms += 1;
-        assert_eq!(
-            base.links_changed_in_place(&reporting),
-            None,
-            "beyond the links"
         );
     }
 

@@ -209,36 +209,6 @@ impl Store {
         Ok(generation)
     }
 
-    /// Stores `plan` when it differs from the stored one only in the
-    /// parameters or transport of the `changed` links
-    /// ([`Plan::links_changed_in_place`]): their rows are updated in place,
-    /// which the hub reads alone, and the source is recorded. Returns the
-    /// generation in force (the same one when no link changed).
-    pub async fn update_links_in_place(
-        &self,
-        plan: &Plan,
-        source: &str,
-        changed: &[&crate::plan::PlannedLink],
-    ) -> Result<i64> {
-        let mut tx = self.pool.begin().await?;
-        let id: i64 = sqlx::query_scalar("SELECT id FROM topologies WHERE name = $1 FOR UPDATE")
-            .bind(&plan.topology)
-            .fetch_one(&mut *tx)
-            .await?;
-        if !changed.is_empty() {
-            plan_rows::update_links(&mut tx, id, plan, changed).await?;
-        }
-        let generation: i64 = sqlx::query_scalar(
-            "UPDATE topologies SET source = $2 WHERE id = $1 RETURNING generation",
-        )
-        .bind(id)
-        .bind(source)
-        .fetch_one(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        Ok(generation)
-    }
-
     /// Moves creation `topology_id` from `generation` to the next, unless it
     /// moved already: the hub's way to say the stored rows changed without
     /// the triggers that track changes (a full load follows, as for any

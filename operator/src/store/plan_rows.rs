@@ -119,42 +119,6 @@ pub(super) async fn change_nodes_links_and_flows(
     replace_links_and_flows(tx, id, plan).await
 }
 
-/// Writes the parameters and transport of `changed` links of topology `id`
-/// over their rows, one statement for all: the links' own triggers stamp them
-/// and move the generation once, leaving `plan_generation` where it was.
-pub(super) async fn update_links(
-    tx: &mut Transaction<'_, Postgres>,
-    id: i64,
-    plan: &Plan,
-    changed: &[&PlannedLink],
-) -> Result<()> {
-    let (forward, backward): (Vec<String>, Vec<String>) = changed
-        .iter()
-        .map(|l| {
-            Ok((
-                params_json(plan, &l.forward)?,
-                params_json(plan, &l.backward)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?
-        .into_iter()
-        .unzip();
-    sqlx::query(
-        "UPDATE links l SET transport = c.transport, \
-           params_forward = c.forward::jsonb, params_backward = c.backward::jsonb \
-         FROM unnest($2::text[], $3::text[], $4::text[], $5::text[]) AS c(name, transport, forward, backward) \
-         WHERE l.topology_id = $1 AND l.name = c.name",
-    )
-    .bind(id)
-    .bind(changed.iter().map(|l| l.name.as_str()).collect::<Vec<_>>())
-    .bind(changed.iter().map(|l| transport_str(l.transport)).collect::<Vec<_>>())
-    .bind(forward)
-    .bind(backward)
-    .execute(&mut **tx)
-    .await?;
-    Ok(())
-}
-
 async fn insert_nodes(
     tx: &mut Transaction<'_, Postgres>,
     id: i64,
