@@ -62,27 +62,26 @@ while True:
 "#;
 
 /// The phase (ms after the first arrival) at which the trace's fast second
-/// starts, found as the alignment that best separates fast from slow seconds.
+/// starts: the alignment of the fast/slow pattern that best matches the
+/// arrivals. Every phase is scored over the same whole periods after the
+/// first second (the queue fills) and before the sender stops (the queue
+/// drains), the region the test judges. Scoring each phase over its own
+/// windows chose a phase about 120 ms off in 2 of 5 runs on 2026-11-27 (the
+/// slow seconds then measured +35%); why the ends outweighed the middle there
+/// was not found.
 fn fit_phase(bins: &[u64]) -> u64 {
-    let prefix: Vec<u64> = std::iter::once(0)
-        .chain(bins.iter().scan(0, |acc, &b| {
-            *acc += b;
-            Some(*acc)
-        }))
-        .collect();
-    let count = |from: u64, to: u64| prefix[to as usize] - prefix[from as usize];
+    let periods = (bins.len() as u64).saturating_sub(1010) / PERIOD_MS;
+    let region = 1000..1000 + periods * PERIOD_MS;
     (0..PERIOD_MS)
         .max_by_key(|&phase| {
-            let mut score: i64 = 0;
-            let mut start = phase;
-            let mut fast = true;
-            while start + 1000 <= bins.len() as u64 {
-                let n = count(start, start + 1000) as i64;
-                score += if fast { n } else { -n };
-                fast = !fast;
-                start += 1000;
-            }
-            score
+            region
+                .clone()
+                .map(|t| {
+                    let n = bins[t as usize] as i64;
+                    let fast = (t + PERIOD_MS - phase) % PERIOD_MS < PERIOD_MS / 2;
+                    if fast { n } else { -n }
+                })
+                .sum::<i64>()
         })
         .unwrap_or(0)
 }
@@ -155,6 +154,30 @@ fn a_trace_link_delivers_each_seconds_opportunities() {
             "a {} second delivered {delivered} bytes, the trace {expected} ({:+.2}%)",
             if *fast { "fast" } else { "slow" },
             100.0 * (*delivered as f64 - *expected as f64) / *expected as f64
+        );
+    }
+}
+
+/// The fit on arrivals made from the trace itself, with a slow start and a
+/// drain at the ends: the phase is found for any alignment.
+#[test]
+fn the_phase_fit_finds_the_trace_behind_a_slow_start_and_a_drain() {
+    for true_phase in [6u64, 121, 990, 1500] {
+        let mut bins = vec![0u64; 9_300];
+        for (t, bin) in bins.iter_mut().enumerate() {
+            let t = t as u64;
+            let fast = (t + PERIOD_MS - true_phase) % PERIOD_MS < PERIOD_MS / 2;
+            *bin = match t {
+                0..120 => 1,
+                9_000.. => 2,
+                _ if fast => 2,
+                _ => 1,
+            };
+        }
+        let found = fit_phase(&bins);
+        assert!(
+            found.abs_diff(true_phase) <= 2,
+            "phase {true_phase} found as {found}"
         );
     }
 }
