@@ -485,7 +485,12 @@ pub fn ping_avg_ms(env: &Env, node: &str, target: &str, count: u32) -> f64 {
         out.status.success(),
         "ping {target} from {node} failed: {text}"
     );
-    // "rtt min/avg/max/mdev = 0.051/0.062/0.080/0.009 ms"
+    ping_summary_avg_ms(&text)
+}
+
+/// The average RTT from ping's summary line
+/// (`rtt min/avg/max/mdev = 0.051/0.062/0.080/0.009 ms`).
+pub fn ping_summary_avg_ms(text: &str) -> f64 {
     text.lines()
         .find(|l| l.contains("min/avg/max"))
         .and_then(|l| l.split('=').nth(1))
@@ -508,7 +513,8 @@ pub fn scenario_start_us(env: &Env, topology: &str) -> i64 {
     start.parse().expect("start")
 }
 
-/// One topology's row of `link_counters` for (link, node), as named columns.
+/// One topology's row of `link_counters` for (link, node), as named columns;
+/// `topology` is its key (`namespace/name`, or the bare name).
 pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &str) -> i64 {
     let allowed = [
         "tx_bytes",
@@ -524,7 +530,7 @@ pub fn link_counter(env: &Env, topology: &str, link: &str, node: &str, column: &
     assert!(allowed.contains(&column), "unknown counter column {column}");
     env.psql(&format!(
         "SELECT COALESCE(max(c.{column}), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id \
-         WHERE t.name = '{topology}' AND c.link = '{link}' AND c.node = '{node}'"
+         WHERE t.key = '{topology}' AND c.link = '{link}' AND c.node = '{node}'"
     ))
     .parse()
     .unwrap_or(0)

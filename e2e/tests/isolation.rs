@@ -2,7 +2,7 @@
 //! another topology from the hub, and a link handshake without the topology's
 //! key is refused, however well it names the link.
 
-use nextmini_e2e::{Env, link_counter, repo_path};
+use nextmini_e2e::{Env, link_counter, namespaces_of, ping_summary_avg_ms, repo_path};
 use std::os::unix::fs::PermissionsExt;
 use std::process::Command;
 use std::time::Duration;
@@ -198,5 +198,89 @@ except Exception as e:
     assert!(
         log.contains("bad credential") && !log.contains("snapshot applied"),
         "the old incarnation's credential was accepted: {log}"
+    );
+}
+
+/// Issue 17.5 in local mode: two manifests each bring a topology called wan,
+/// in namespaces team-a and team-b. Both run, each with its own link delay;
+/// their agents' credentials, metrics and counters name the namespace; one
+/// team's credential opens nothing of the other's; `down team-a/wan` leaves
+/// team-b's running.
+#[test]
+fn the_same_name_in_two_namespaces_runs_as_two_topologies() {
+    let env = Env::new("namespaces");
+    let manifest = |namespace: &str, delay: &str, overlay: &str, underlay: &str| {
+        let path = env.state_dir.join(format!("{namespace}.yaml"));
+        std::fs::write(
+            &path,
+            format!(
+                "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: wan, namespace: {namespace}}}\nspec:\n  addressing: {{overlay: {overlay}, underlay: {underlay}}}\n  linkDefaults: {{delay: {delay}}}\n  nodes: [{{name: x}}, {{name: y}}]\n  links: [{{endpoints: [x, y]}}]\n"
+            ),
+        )
+        .expect("manifest");
+        path
+    };
+    let a = manifest("team-a", "2ms", "198.18.0.0/17", "198.19.0.0/18");
+    let b = manifest("team-b", "6ms", "198.18.128.0/17", "198.19.64.0/18");
+    env.ok(&["up", "-f", a.to_str().expect("path")]);
+    env.ok(&["up", "-f", b.to_str().expect("path")]);
+    assert_eq!(
+        env.psql("SELECT string_agg(namespace || ' ' || name || ' ' || key, ', ' ORDER BY key) FROM topologies"),
+        "team-a wan team-a/wan, team-b wan team-b/wan"
+    );
+
+    let rtt_ms = |key: &str| -> f64 {
+        let out = env.run(&[
+            "exec", "-t", key, "x", "--", "ping", "-q", "-c", "5", "-i", "0.05", "-W", "2", "y",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "ping y in {key}: {text}");
+        ping_summary_avg_ms(&text)
+    };
+    let (rtt_a, rtt_b) = (rtt_ms("team-a/wan"), rtt_ms("team-b/wan"));
+    println!("wan in team-a: {rtt_a:.2} ms RTT (2 ms links); in team-b: {rtt_b:.2} ms (6 ms)");
+    assert!(
+        (4.0..7.0).contains(&rtt_a),
+        "team-a/wan runs 2 ms each way: {rtt_a}"
+    );
+    assert!(
+        (12.0..16.0).contains(&rtt_b),
+        "team-b/wan runs 6 ms each way: {rtt_b}"
+    );
+    assert!(
+        link_counter(&env, "team-a/wan", "x-y", "x", "tx_bytes") > 0,
+        "team-a's pings on team-a's counters"
+    );
+
+    let metrics = env.agent_metrics("team-a/wan", "x");
+    assert!(
+        metrics.contains(
+            "nextmini_agent_stream_connected{namespace=\"team-a\",topology=\"wan\",node=\"x\"} 1"
+        ),
+        "agent series name the namespace: {metrics}"
+    );
+
+    // team-a's x credential claiming team-b's x: the certificate says who it is.
+    let a_credential = env.state_dir.join("credentials/team-a/wan/x");
+    let log = impostor(&env, "team-b/wan", "x", &a_credential);
+    assert!(
+        log.contains("certificate is for team-a/wan/x") && !log.contains("snapshot applied"),
+        "team-a's credential for team-b's x: {log}"
+    );
+
+    env.ok(&["down", "team-a/wan"]);
+    assert!(
+        namespaces_of("team-a/wan").is_empty(),
+        "team-a's nodes are gone"
+    );
+    assert_eq!(namespaces_of("team-b/wan").len(), 2, "team-b's stay");
+    let again = rtt_ms("team-b/wan");
+    assert!(
+        (12.0..16.0).contains(&again),
+        "team-b/wan still runs: {again}"
+    );
+    assert_eq!(
+        env.psql("SELECT string_agg(key, ', ') FROM topologies"),
+        "team-b/wan"
     );
 }

@@ -530,6 +530,7 @@ fn operator_runs_line3_on_a_real_cluster() {
         "topology/line3",
         "--timeout=10s",
     ]);
+    same_name_in_another_namespace(&c);
 
     // kubectl delete leaves no pod, service, secret, row or finalizer.
     let t = Instant::now();
@@ -584,6 +585,162 @@ fn operator_runs_line3_on_a_real_cluster() {
     );
 
     packed_six_nodes_on_two_workers(&c);
+}
+
+/// Issue 17.5: a second team's topology also called line3, in its own
+/// namespace, beside the running line3 of this one. Before, the operator
+/// refused it (NameTaken). Now both run, each forwards its own traffic on its
+/// own links with its own parameters, and deleting one leaves the other.
+fn same_name_in_another_namespace(c: &Cluster) {
+    let team = format!("{}-team", c.namespace);
+    let _ = c.kubectl(&["create", "namespace", &team]);
+    let yaml = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: line3}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  linkDefaults: {{delay: 4ms}}\n  nodes: [{{name: p}}, {{name: q}}]\n  links: [{{endpoints: [p, q]}}]\n",
+        worker_image()
+    );
+    let t = Instant::now();
+    let applied = c.kubectl_stdin(&["-n", &team, "apply", "-f", "-"], &yaml);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let waited = c.kubectl(&[
+        "-n",
+        &team,
+        "wait",
+        "--for=condition=Ready",
+        "topology/line3",
+        "--timeout=240s",
+    ]);
+    assert!(
+        waited.status.success(),
+        "{team}/line3 not Ready: {}\n{}\n{}",
+        c.ok(&[
+            "-n",
+            &team,
+            "get",
+            "topology",
+            "line3",
+            "-o",
+            r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
+        ]),
+        c.ok(&["-n", &team, "get", "pods,events"]),
+        c.ok(&["logs", "deploy/nm-operator", "--tail=30"]),
+    );
+    println!(
+        "{team}/line3 Ready {:.1} s after kubectl apply, beside {}/line3",
+        t.elapsed().as_secs_f64(),
+        c.namespace
+    );
+    assert_eq!(
+        c.psql("SELECT string_agg(key || ' ' || (SELECT count(*) FROM nodes n WHERE n.topology_id = t.id), ', ' ORDER BY key) FROM topologies t WHERE name = 'line3'"),
+        format!("{team}/line3 2, {}/line3 3", c.namespace),
+        "two topologies called line3, each with its own nodes"
+    );
+    // Traffic in the team's line3: p's ping to q takes its 4 ms each way, and
+    // a curl's bytes are on the team's p-q link, not on this namespace's.
+    let in_worker = |args: &[&str]| {
+        let mut all = vec!["-n", team.as_str(), "exec", "line3-worker-0", "--"];
+        all.extend_from_slice(args);
+        c.kubectl(&all)
+    };
+    let in_p = |script: &str| in_worker(&["nextmini", "exec", "p", "--", "sh", "-c", script]);
+    // Not through `sh -c`: the image's busybox shell has a ping applet of
+    // its own, which knows no ICMP echo sockets.
+    let ping = in_worker(&[
+        "nextmini", "exec", "p", "--", "ping", "-c", "3", "-W", "3", "q",
+    ]);
+    let shown = String::from_utf8_lossy(&ping.stdout).into_owned();
+    assert!(
+        ping.status.success(),
+        "ping q in {team}/line3: {shown}{}",
+        String::from_utf8_lossy(&ping.stderr)
+    );
+    let avg_ms = nextmini_e2e::ping_summary_avg_ms(&shown);
+    assert!(
+        (8.0..20.0).contains(&avg_ms),
+        "the team's p-q link runs 4 ms each way; ping said {shown}"
+    );
+    assert!(
+        in_worker(&[
+            "sh",
+            "-c",
+            "mkdir -p /tmp/www && head -c 3000000 /dev/urandom > /tmp/www/blob && setsid nextmini exec q -- python3 -m http.server 8000 --directory /tmp/www </dev/null >/tmp/www.log 2>&1 &",
+        ])
+        .status
+        .success()
+    );
+    c.wait_for(
+        "the team's web server in q",
+        Duration::from_secs(30),
+        || {
+            in_p("curl -sSf --max-time 20 -o /tmp/got http://q:8000/blob")
+                .status
+                .success()
+        },
+    );
+    let sha = |file: &str| {
+        let out = in_worker(&["sha256sum", file]);
+        String::from_utf8_lossy(&out.stdout)
+            .split_whitespace()
+            .next()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(
+        sha("/tmp/got"),
+        sha("/tmp/www/blob"),
+        "the blob crossed p-q intact"
+    );
+    let team_bytes = || -> i64 {
+        c.psql(&format!("SELECT coalesce(sum(c.rx_bytes), 0) FROM link_counters c JOIN topologies t ON t.id = c.topology_id WHERE t.key = '{team}/line3' AND c.link = 'p-q' AND c.node = 'p'"))
+            .parse()
+            .expect("a byte count")
+    };
+    c.wait_for(
+        "the blob's bytes on the team's p-q counters",
+        Duration::from_secs(15),
+        || team_bytes() >= 3_000_000,
+    );
+    println!(
+        "{team}/line3: ping p -> q {avg_ms:.1} ms (4 ms links), 3 MB curl sha256 equal, {} bytes on its p-q counters",
+        team_bytes()
+    );
+    // This namespace's line3 still forwards, untouched.
+    let ours = c.kubectl(&[
+        "exec",
+        "line3-a",
+        "-c",
+        "client",
+        "--",
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "-o",
+        "/dev/null",
+        "http://c:8000/",
+    ]);
+    assert!(
+        ours.status.success(),
+        "{}/line3 stopped forwarding",
+        c.namespace
+    );
+
+    c.ok(&["-n", &team, "delete", "topology", "line3", "--timeout=120s"]);
+    assert_eq!(
+        c.psql("SELECT string_agg(key, ', ') FROM topologies WHERE name = 'line3'"),
+        format!("{}/line3", c.namespace),
+        "deleting the team's line3 removes its rows only"
+    );
+    c.ok(&[
+        "wait",
+        "--for=condition=Ready",
+        "topology/line3",
+        "--timeout=10s",
+    ]);
+    let _ = c.kubectl(&["delete", "namespace", &team, "--timeout=120s"]);
 }
 
 /// a — b — c — d — e — f, three nodes per worker pod: a, b, c in worker 0 and
@@ -675,8 +832,10 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
         "two worker pods, three nodes each"
     );
     let namespaces = c.ok(&["exec", "packed6-worker-1", "--", "ip", "netns", "list"]);
+    // Nodes' network namespaces are named after the topology's key.
+    let key = format!("{}/packed6", c.namespace);
     for node in ["d", "e", "f"] {
-        let ns = nextmini_operator::runtime::names::netns("packed6", node);
+        let ns = nextmini_operator::runtime::names::netns(&key, node);
         assert!(namespaces.contains(&ns), "{ns} in worker 1: {namespaces}");
     }
 
@@ -710,7 +869,7 @@ fn packed_six_nodes_on_two_workers(c: &Cluster) {
     } else {
         let group = format!(
             "/sys/fs/cgroup/cpu/nextmini/{}",
-            nextmini_operator::runtime::names::netns("packed6", "b")
+            nextmini_operator::runtime::names::netns(&key, "b")
         );
         let quota = c.ok(&[
             "exec",

@@ -248,12 +248,13 @@ impl LinkHandle {
 }
 
 /// Per-link seed: runs with the same experiment seed are reproducible, links
-/// are not correlated. FNV-1a over the seed, the topology, the link and the
-/// sending node; an experiment seed of 0 gives the streams of before it existed.
+/// are not correlated. FNV-1a over the seed, the topology's name, the link and
+/// the sending node; an experiment seed of 0 gives the streams of before it
+/// existed. The name, not its namespace: the same manifest draws the same
+/// numbers in every namespace and in local mode.
 fn seed_for(spec: &LinkSpec, experiment: u64) -> u64 {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ experiment;
-    for b in spec
-        .topology
+    for b in nextmini_proto::topology_key::name_of(&spec.topology)
         .bytes()
         .chain(spec.name.bytes())
         .chain(spec.local_node.bytes())
@@ -709,6 +710,26 @@ mod tests {
             hops: 2,
             offload: tcp_offload(1348),
         }
+    }
+
+    fn spec(topology: &str, name: &str) -> LinkSpec {
+        LinkSpec {
+            topology: topology.into(),
+            name: name.into(),
+            local_node: "a".into(),
+            peer_node: "b".into(),
+            role: Role::Accept,
+            transport: Transport::Tcp,
+        }
+    }
+
+    #[test]
+    fn a_links_random_stream_follows_the_topologys_name_not_its_namespace() {
+        let local = seed_for(&spec("wan", "a-b"), 7);
+        assert_eq!(local, seed_for(&spec("team-a/wan", "a-b"), 7));
+        assert_eq!(local, seed_for(&spec("team-b/wan", "a-b"), 7));
+        assert_ne!(local, seed_for(&spec("team-a/wan", "a-c"), 7));
+        assert_ne!(local, seed_for(&spec("lan", "a-b"), 7));
     }
 
     /// What the pipeline lets out, far enough in the future for any delay.

@@ -254,6 +254,17 @@ mod tests {
                 node: "b".into()
             })
         );
+        // A topology of a namespace keeps its namespace in its nodes' identity:
+        // team-b's wan/b is not team-a's wan/b.
+        let namespaced = ca.issue_node("team-a/wan", "b").expect("node");
+        let der = CertificateDer::from_pem_slice(namespaced.cert_pem.as_bytes()).expect("pem");
+        assert_eq!(
+            identity_of(&der),
+            Some(NodeIdentity {
+                topology: "team-a/wan".into(),
+                node: "b".into()
+            })
+        );
         let hub = ca.issue_hub().expect("hub");
         let hub_der = CertificateDer::from_pem_slice(hub.cert_pem.as_bytes()).expect("pem");
         assert_eq!(identity_of(&hub_der), None, "the hub is no node");

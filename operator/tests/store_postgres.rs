@@ -691,3 +691,97 @@ async fn links_changed_in_place_are_stamped_with_their_generation() {
         .expect("re-apply");
     assert_eq!(plan_version().await, (5, 5));
 }
+
+/// Issue 17.5: two namespaces each run a topology called line3. Each is its
+/// own row, known by its key; one's change, status and deletion leave the
+/// other as it was; the hub's notifications name the key.
+#[tokio::test]
+async fn the_same_name_in_two_namespaces_is_two_topologies() {
+    let db = start_db("namespaces", 57000);
+    let store = Store::connect(&db.pg.url()).await.expect("connect");
+    let mut listener = sqlx::postgres::PgListener::connect_with(store.pool())
+        .await
+        .expect("listener");
+    listener.listen(TOPOLOGY_CHANNEL).await.expect("listen");
+    let mut a = line3();
+    a.topology = "team-a/line3".into();
+    let mut b = shaped();
+    b.topology = "team-b/line3".into();
+    for (plan, runtime) in [(&a, "kubernetes/team-a"), (&b, "kubernetes/team-b")] {
+        store
+            .apply_plan(plan, runtime, "source", &hashes(plan))
+            .await
+            .expect("apply");
+    }
+    let rows: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT namespace, name, key FROM topologies ORDER BY key")
+            .fetch_all(store.pool())
+            .await
+            .expect("rows");
+    assert_eq!(
+        rows,
+        [
+            ("team-a", "line3", "team-a/line3"),
+            ("team-b", "line3", "team-b/line3")
+        ]
+        .map(|(n, t, k)| (n.to_string(), t.to_string(), k.to_string()))
+    );
+    assert_eq!(
+        store.topology_names().await.expect("names"),
+        ["team-a/line3", "team-b/line3"]
+    );
+    for (key, plan) in [("team-a/line3", &a), ("team-b/line3", &b)] {
+        let (loaded, _) = store.load_plan(key).await.expect("load").expect("stored");
+        assert_eq!(loaded.topology, key);
+        assert_eq!(loaded.links, plan.links, "{key} runs its own links");
+        assert_eq!(
+            store.runtime_of(key).await.expect("runtime").as_deref(),
+            Some(format!("kubernetes/{}", key.split('/').next().unwrap_or("")).as_str())
+        );
+    }
+    assert_eq!(store.load_plan("line3").await.expect("load"), None);
+
+    // Applying one again moves only its generation, and says which.
+    let before_b = store.version("team-b/line3").await.expect("v").expect("b");
+    let mut a2 = a.clone();
+    a2.report_interval_ms += 1000;
+    store
+        .apply_plan(&a2, "kubernetes/team-a", "source 2", &hashes(&a2))
+        .await
+        .expect("apply a again");
+    let mut payloads = Vec::new();
+    while let Ok(Ok(n)) = tokio::time::timeout(Duration::from_millis(500), listener.recv()).await {
+        payloads.push(n.payload().to_string());
+    }
+    assert!(payloads.iter().all(|p| p == "team-a/line3"), "{payloads:?}");
+    assert!(!payloads.is_empty(), "the change is notified by key");
+    assert_eq!(
+        store.version("team-b/line3").await.expect("v"),
+        Some(before_b)
+    );
+
+    assert!(store.delete_topology("team-a/line3").await.expect("delete"));
+    assert!(
+        store
+            .load_plan("team-a/line3")
+            .await
+            .expect("load")
+            .is_none()
+    );
+    let (still, _) = store
+        .load_plan("team-b/line3")
+        .await
+        .expect("load")
+        .expect("team-b's line3 stays");
+    assert_eq!(still.links, b.links);
+
+    // The database holds the key's parts to their rules, whoever writes.
+    let slash = sqlx::query(
+        "INSERT INTO topologies (namespace, name, placement, runtime, overlay, underlay, processors, mapping, mtu, source) \
+         VALUES ('team/c', 'x', 'netns', 'local', '198.18.0.0/16', '198.19.0.0/17', 2, 'sequential', 1400, '')",
+    )
+    .execute(store.pool())
+    .await
+    .expect_err("a namespace with '/' is refused");
+    assert!(slash.to_string().contains("namespace"), "{slash}");
+}

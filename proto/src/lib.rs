@@ -16,3 +16,4 @@ pub mod v1 {
 pub const PROTOCOL_VERSION: u32 = 2;
 
 pub mod tls;
+pub mod topology_key;

@@ -59,12 +59,11 @@ pub fn identity_of(cert: &CertificateDer<'_>) -> Option<NodeIdentity> {
     san.value.general_names.iter().find_map(|name| match name {
         x509_parser::extensions::GeneralName::URI(uri) => {
             let rest = uri.strip_prefix(IDENTITY_PREFIX)?;
-            let (topology, node) = rest.split_once('/')?;
-            (!topology.is_empty() && !node.is_empty() && !node.contains('/')).then(|| {
-                NodeIdentity {
-                    topology: topology.to_string(),
-                    node: node.to_string(),
-                }
+            // The topology may be `namespace/name`; node names hold no `/`.
+            let (topology, node) = rest.rsplit_once('/')?;
+            (!topology.is_empty() && !node.is_empty()).then(|| NodeIdentity {
+                topology: topology.to_string(),
+                node: node.to_string(),
             })
         }
         _ => None,

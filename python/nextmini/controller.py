@@ -166,21 +166,31 @@ class Controller:
             raise NextminiError(f"database: {e}") from e
 
     def _find_topology(self, wanted: str | None) -> tuple[int, str]:
+        """`wanted` is a topology's key (``namespace/name``) or, when only one
+        namespace holds that name, its bare name."""
         with self._transaction() as conn:
-            rows = conn.execute("SELECT id, name FROM topologies ORDER BY name").fetchall()
-        names = [name for _, name in rows]
+            rows = conn.execute("SELECT id, key, name FROM topologies ORDER BY key").fetchall()
+        keys = [key for _, key, _ in rows]
         if wanted is not None:
-            for topology_id, name in rows:
-                if name == wanted:
-                    return topology_id, name
-            raise NotFoundError(f"no topology {wanted!r} in the database; {_listing('topologies', names)}")
+            exact = [(i, key) for i, key, _ in rows if key == wanted]
+            by_name = [(i, key) for i, key, name in rows if name == wanted]
+            if exact:
+                return exact[0]
+            if len(by_name) == 1:
+                return by_name[0]
+            if by_name:
+                raise NextminiError(
+                    f"several namespaces hold a topology {wanted!r} "
+                    f"({', '.join(key for _, key in by_name)}); pass topology='namespace/name'"
+                )
+            raise NotFoundError(f"no topology {wanted!r} in the database; {_listing('topologies', keys)}")
         if len(rows) == 1:
             return rows[0][0], rows[0][1]
         if not rows:
             raise NotFoundError(
                 "the database holds no topology yet (bring one up with `nextmini up -f FILE`)"
             )
-        raise NextminiError(f"the database holds several topologies ({', '.join(names)}); pass topology=")
+        raise NextminiError(f"the database holds several topologies ({', '.join(keys)}); pass topology=")
 
     def _params(self, **values: Any) -> dict[str, Any]:
         return {"t": self._topology_id, **values}

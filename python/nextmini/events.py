@@ -2,6 +2,9 @@
 
 The schema NOTIFYs on three channels, always with names, never with rows:
 
+Topologies are named by their key: ``namespace/name`` for a topology of a
+namespace, else the bare name.
+
 * ``nextmini_topology``: payload ``<topology>``, the desired state changed (new generation);
   or ``<topology> problems=<n>``, the hub's list of stored rows it cannot run as written
   changed (``nextmini status`` shows them);
@@ -48,14 +51,15 @@ def payload_topology(channel: str, payload: str) -> str | None:
     if channel == METRICS_CHANNEL:
         return payload
     if channel == NODES_CHANNEL:
-        return payload.split("/", 1)[0]
+        return payload.split(" ", 1)[0].rsplit("/", 1)[0]
     return None
 
 
 def parse_node_event(payload: str) -> tuple[str, str, str]:
     """Splits a nextmini_nodes payload into (topology, node, state)."""
     where, _, state = payload.partition(" ")
-    topology, _, node = where.partition("/")
+    # The key may hold a "/" itself; node names never do.
+    topology, _, node = where.rpartition("/")
     if not topology or not node or not state:
         raise ValueError(f"not a nextmini_nodes payload: {payload!r}")
     return topology, node, state

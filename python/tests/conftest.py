@@ -67,19 +67,19 @@ def as_operator(conn: psycopg.Connection) -> Iterator[None]:
         conn.execute("RESET nextmini.writer")
 
 
-def insert_topology(conn: psycopg.Connection, name: str = TOPOLOGY) -> int:
+def insert_topology(conn: psycopg.Connection, name: str = TOPOLOGY, namespace: str = "") -> int:
     """Inserts a diamond a-{b,c}-d the way the operator's store would."""
     with as_operator(conn):
-        return _insert_topology(conn, name)
+        return _insert_topology(conn, name, namespace)
 
 
-def _insert_topology(conn: psycopg.Connection, name: str) -> int:
+def _insert_topology(conn: psycopg.Connection, name: str, namespace: str = "") -> int:
     (topology_id,) = conn.execute(
         "INSERT INTO topologies"
-        " (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source)"
-        " VALUES (%s, 'netns', 'local', '198.18.0.0/16', '198.19.0.0/17', 2, 'sequential', 1400, '')"
+        " (namespace, name, placement, runtime, overlay, underlay, processors, mapping, mtu, source)"
+        " VALUES (%s, %s, 'netns', 'local', '198.18.0.0/16', '198.19.0.0/17', 2, 'sequential', 1400, '')"
         " RETURNING id",
-        (name,),
+        (namespace, name),
     ).fetchone()
     for idx, node in enumerate(NODES):
         conn.execute(

@@ -51,6 +51,27 @@ def test_several_topologies_need_a_name(dsn, db):
         Controller(dsn, "ring")
 
 
+def test_same_name_in_two_namespaces_is_told_apart_by_key(dsn, db):
+    insert_topology(db, "wan", namespace="team-a")
+    team_b = insert_topology(db, "wan", namespace="team-b")
+    with Controller(dsn, "team-b/wan") as ctl:
+        assert ctl.topology == "team-b/wan"
+        with ctl.listen(["nextmini_nodes"]) as events:
+            # The same node of the other team's "wan" is not this topology's news.
+            db.execute(
+                "UPDATE nodes SET agent_state = 'disconnected' WHERE name = 'b' AND topology_id <> %s",
+                (team_b,),
+            )
+            db.execute(
+                "UPDATE nodes SET agent_state = 'disconnected' WHERE name = 'b' AND topology_id = %s",
+                (team_b,),
+            )
+            assert events.wait(5) == [("nextmini_nodes", "team-b/wan/b disconnected")]
+    with pytest.raises(NextminiError, match=r"several namespaces hold a topology 'wan' \(team-a/wan, team-b/wan\)"):
+        Controller(dsn, "wan")
+    assert events_module.parse_node_event("team-b/wan/b up") == ("team-b/wan", "b", "up")
+
+
 def test_dsn_comes_from_the_cli_when_not_given(pg, db, monkeypatch):
     monkeypatch.delenv("NEXTMINI_DATABASE_URL", raising=False)
     monkeypatch.setenv("NEXTMINI_BIN", str(pg.binary))

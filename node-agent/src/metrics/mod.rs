@@ -69,13 +69,18 @@ pub struct Source {
 }
 
 /// The agent's registry: dataplane and flow collectors, with `topology` and
-/// `node` on every series.
+/// `node` on every series, and `namespace` for a topology of a namespace
+/// (`topology` is then its name alone, as Kubernetes shows it).
 pub fn registry(topology: &str, node: &str, source: Source) -> Registry {
-    let labels = [
-        (Cow::Borrowed("topology"), Cow::Owned(topology.to_string())),
-        (Cow::Borrowed("node"), Cow::Owned(node.to_string())),
-    ];
-    let mut registry = Registry::with_labels(labels.into_iter());
+    let (namespace, name) = nextmini_proto::topology_key::split(topology);
+    let labels = namespace
+        .map(|ns| (Cow::Borrowed("namespace"), Cow::Owned(ns.to_string())))
+        .into_iter()
+        .chain([
+            (Cow::Borrowed("topology"), Cow::Owned(name.to_string())),
+            (Cow::Borrowed("node"), Cow::Owned(node.to_string())),
+        ]);
+    let mut registry = Registry::with_labels(labels);
     registry.register_collector(Box::new(DataplaneCollector::new(source)));
     registry.register_collector(Box::new(FlowCollector));
     registry
@@ -133,5 +138,18 @@ mod tests {
         }
         assert!(text.ends_with("# EOF\n"));
         assert!(!state.stream_connected(), "the guard marks the stream down");
+    }
+
+    #[test]
+    fn a_namespaced_topology_labels_its_namespace_and_name_apart() {
+        let source = Source {
+            links: Arc::new(ArcSwap::from_pointee(Default::default())),
+            node: Arc::new(NodeCounters::default()),
+            state: Arc::default(),
+            relay: Arc::default(),
+        };
+        let text = encode(&registry("team-a/wan", "a", source)).expect("encodes");
+        let line = "nextmini_agent_generation{namespace=\"team-a\",topology=\"wan\",node=\"a\"} 0";
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
     }
 }

@@ -19,6 +19,7 @@ use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType};
 use kube::{Api, Resource, ResourceExt};
+use nextmini_proto::topology_key;
 use serde_json::json;
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -32,7 +33,7 @@ const READY_RECHECK: Duration = Duration::from_secs(10);
 
 pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
-    let name = topology.name_any();
+    let key = topology_key::join(Some(&namespace), &topology.name_any());
     let fetched = super::fetch::manifest(&ctx.client, topology).await?;
     if !fetched.undecodable.is_empty() {
         let invalid = Invalid {
@@ -43,7 +44,7 @@ pub async fn reconcile(topology: &Topology, ctx: &Context) -> Result<Action, Err
         return Ok(Action::await_change());
     }
     let manifest = fetched.manifest;
-    let stored_runtime = ctx.store.runtime_of(&name).await?;
+    let stored_runtime = ctx.store.runtime_of(&key).await?;
     let validated = match validate::validate(&manifest, &namespace, stored_runtime.as_deref()) {
         Ok(v) => v,
         Err(invalid) => {
@@ -68,17 +69,17 @@ async fn make_it_so(
     manifest: &Manifest,
 ) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
-    let name = topology.name_any();
+    let key = topology_key::join(Some(&namespace), &topology.name_any());
     let credentials = ensure_credentials(topology, ctx, validated).await?;
     let generation = store_plan(ctx, validated, &namespace, manifest, &credentials).await?;
-    apply_object(&ctx.client, &namespace, &build::service(topology, &name)).await?;
+    apply_object(&ctx.client, &namespace, &build::service(topology, &key)).await?;
     sync_hosts(topology, ctx, validated).await?;
     sync_pods(topology, ctx, validated).await?;
-    let row = ctx.store.status(&name).await?;
-    let observed = observe(ctx, &namespace, &name, row.as_ref(), generation).await?;
+    let row = ctx.store.status(&key).await?;
+    let observed = observe(ctx, &namespace, &key, row.as_ref(), generation).await?;
     super::members::adopt(ctx, topology, manifest).await?;
     super::members::link_statuses(ctx, manifest, row.as_ref()).await?;
-    super::members::flow_statuses(ctx, manifest, &name).await?;
+    super::members::flow_statuses(ctx, manifest, &key).await?;
     let ready = write_status(topology, ctx, Planning::Planned, Some(&observed)).await?;
     Ok(Action::requeue(if ready {
         READY_RECHECK
@@ -140,29 +141,25 @@ async fn show_failure(topology: &Topology, ctx: &Context, error: &Error) {
 
 /// Removes the topology's rows, pods, Service, Secrets and ConfigMaps (the
 /// owner references would remove the last three too, but later). A topology
-/// of the same name run by someone else is left alone.
+/// of the same namespace and name that local mode runs is left alone.
 pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
-    let name = topology.name_any();
-    if ctx.store.runtime_of(&name).await?.as_deref()
-        == Some(pods::runtime_name(&namespace).as_str())
+    let key = topology_key::join(Some(&namespace), &topology.name_any());
+    if ctx.store.runtime_of(&key).await?.as_deref() == Some(pods::runtime_name(&namespace).as_str())
     {
-        ctx.store.delete_topology(&name).await?;
+        ctx.store.delete_topology(&key).await?;
     }
     // One by one: the operator's role may delete pods, not collections.
-    delete_pods(ctx, &namespace, &name, |_| true).await?;
+    delete_pods(ctx, &namespace, &key, |_| true).await?;
     ignore_missing(
         Api::<Service>::namespaced(ctx.client.clone(), &namespace)
-            .delete(&pods::service_name(&name), &DeleteParams::default())
+            .delete(&pods::service_name(&key), &DeleteParams::default())
             .await
             .map(|_| ()),
     )?;
-    sync_parts::<Secret>(ctx, &namespace, &name, Vec::new(), |s| &s.metadata).await?;
-    sync_parts::<ConfigMap>(ctx, &namespace, &name, Vec::new(), |c| &c.metadata).await?;
-    ctx.credentials
-        .lock()
-        .await
-        .remove(&format!("{namespace}/{name}"));
+    sync_parts::<Secret>(ctx, &namespace, &key, Vec::new(), |s| &s.metadata).await?;
+    sync_parts::<ConfigMap>(ctx, &namespace, &key, Vec::new(), |c| &c.metadata).await?;
+    ctx.credentials.lock().await.remove(&key);
     publish(
         ctx,
         topology,
@@ -209,7 +206,7 @@ async fn ensure_credentials(
     let plan = &validated.plan;
     let nodes = || plan.nodes.iter().map(|n| &n.name);
     let ca = ctx.store.control_ca().await?;
-    let key = format!("{namespace}/{}", plan.topology);
+    let key = plan.topology.clone();
     let cached = ctx
         .credentials
         .lock()
@@ -225,7 +222,7 @@ async fn ensure_credentials(
             // operators wrote for all nodes.
             let mut files = BTreeMap::new();
             let all = api
-                .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={}", plan.topology)))
+                .list(&ListParams::default().labels(&selector(&plan.topology)))
                 .await?;
             for secret in all.items {
                 for (k, v) in secret.data.unwrap_or_default() {
@@ -299,7 +296,7 @@ where
         + std::fmt::Debug,
 {
     let api = Api::<K>::namespaced(ctx.client.clone(), namespace);
-    let selector = format!("{TOPOLOGY_LABEL}={topology}");
+    let selector = selector(topology);
     let live: HashMap<String, Option<String>> = api
         .list_metadata(&ListParams::default().labels(&selector))
         .await?
@@ -410,6 +407,12 @@ async fn store_plan(
     Ok(generation)
 }
 
+/// The label selector of a topology's objects, from its key: labels carry
+/// the name alone (a label value holds no `/`), and the namespace scopes them.
+fn selector(topology: &str) -> String {
+    format!("{TOPOLOGY_LABEL}={}", topology_key::name_of(topology))
+}
+
 async fn delete_pods(
     ctx: &Context,
     namespace: &str,
@@ -418,7 +421,7 @@ async fn delete_pods(
 ) -> Result<(), Error> {
     let api = Api::<Pod>::namespaced(ctx.client.clone(), namespace);
     let existing = api
-        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
+        .list(&ListParams::default().labels(&selector(topology)))
         .await?;
     for pod in existing.items.iter().filter(|p| which(p)) {
         ignore_missing(
@@ -434,10 +437,9 @@ async fn delete_pods(
 /// of nodes that are gone.
 async fn sync_pods(topology: &Topology, ctx: &Context, validated: &Validated) -> Result<(), Error> {
     let namespace = topology.namespace().unwrap_or_default();
-    let name = &validated.plan.topology;
     let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
     let existing: HashMap<String, Pod> = api
-        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={name}")))
+        .list(&ListParams::default().labels(&selector(&validated.plan.topology)))
         .await?
         .items
         .into_iter()
@@ -523,7 +525,7 @@ async fn observe(
             .collect();
     }
     let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
-        .list(&ListParams::default().labels(&format!("{TOPOLOGY_LABEL}={topology}")))
+        .list(&ListParams::default().labels(&selector(topology)))
         .await?;
     let now = k8s_openapi::jiff::Timestamp::now();
     for pod in &pods.items {

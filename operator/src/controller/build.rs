@@ -19,6 +19,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{Resource, ResourceExt};
+use nextmini_proto::topology_key::name_of;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 
@@ -46,7 +47,7 @@ pub(super) fn labels(topology: &str, node: Option<&str>) -> BTreeMap<String, Str
             "app.kubernetes.io/managed-by".to_string(),
             MANAGED_BY.to_string(),
         ),
-        (TOPOLOGY_LABEL.to_string(), topology.to_string()),
+        (TOPOLOGY_LABEL.to_string(), name_of(topology).to_string()),
     ]);
     if let Some(n) = node {
         l.insert(NODE_LABEL.to_string(), n.to_string());
@@ -77,7 +78,7 @@ pub fn service(owner: &Topology, topology: &str) -> Service {
             cluster_ip: Some("None".into()),
             selector: Some(BTreeMap::from([(
                 TOPOLOGY_LABEL.to_string(),
-                topology.to_string(),
+                name_of(topology).to_string(),
             )])),
             publish_not_ready_addresses: Some(true),
             ports: Some(vec![ServicePort {
@@ -757,7 +758,14 @@ mod tests {
             c.command.as_deref(),
             Some(["nextmini".to_string(), "worker".to_string()].as_slice())
         );
-        assert_eq!(arg(c, "--topology"), "packed6");
+        // Agents speak for the namespace's topology; the pods carry its name.
+        assert_eq!(arg(c, "--topology"), "lab/packed6");
+        assert_eq!(pods[1].labels()[TOPOLOGY_LABEL], "packed6");
+        assert!(
+            pods[1].name_any().starts_with("packed6-"),
+            "{}",
+            pods[1].name_any()
+        );
         assert_eq!(arg(c, "--hosts-dir"), super::super::pod_files::HOSTS_DIR);
         assert_eq!(arg(c, "--hub"), settings().hub_address);
         let nodes = crate::runtime::packed::parse_nodes(arg(c, "--nodes")).expect("nodes");

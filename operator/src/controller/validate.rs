@@ -6,6 +6,7 @@ use crate::api::Topology;
 use crate::plan::{self, LINK_PORT, Manifest, Packing, Placement, Plan};
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::Container;
+use nextmini_proto::topology_key;
 use std::collections::BTreeMap;
 
 /// A plan the cluster can run, with the user containers of each node.
@@ -54,6 +55,9 @@ pub fn validate(
         reason: "InvalidSpec",
         message: "the topology planned to nothing".into(),
     })?;
+    // Known by namespace and name from here on: the store, the hub, the
+    // agents and their certificates keep two namespaces' topologies apart.
+    plan.topology = topology_key::join(Some(namespace), &plan.topology);
     // Namespaces in a cluster are namespaces packed into worker pods.
     if plan.placement == Placement::Netns {
         plan.placement = Placement::Packed(Packing::default());
@@ -67,7 +71,7 @@ pub fn validate(
         return Err(Invalid {
             reason: "NameTaken",
             message: format!(
-                "metadata.name: a topology named {} already runs in {other}; topology names are unique per database",
+                "metadata.name: a topology {} already runs in {other}; a namespace's topology names are unique per database",
                 plan.topology
             ),
         });
@@ -198,6 +202,7 @@ mod tests {
     #[test]
     fn line3_plans_for_a_cluster_and_keeps_its_namespace() {
         let v = validate(&line3(), "lab", None).expect("valid");
+        assert_eq!(v.plan.topology, "lab/line3", "known by namespace and name");
         assert_eq!(v.plan.nodes.len(), 3);
         assert!(v.containers.is_empty());
         assert!(validate(&line3(), "lab", Some("kubernetes/lab")).is_ok());

@@ -74,7 +74,7 @@ impl Endpoint {
     }
 
     async fn one_agent(&self, topology: &str, node: &str, timeout: Duration) -> Reply {
-        if !sockets::is_plain_name(topology) || !sockets::is_plain_name(node) {
+        if !sockets::is_plain_key(topology) || !sockets::is_plain_name(node) {
             return Reply::not_found("no such agent\n");
         }
         let socket = sockets::AgentSocket {
@@ -103,7 +103,7 @@ impl Endpoint {
             Some(t) => (t, true),
             None => (page, false),
         };
-        if !sockets::is_plain_name(topology) {
+        if !sockets::is_plain_key(topology) {
             return Reply::not_found("no such topology\n");
         }
         let topo = match load::load(self.hub.store(), topology).await {
@@ -132,7 +132,8 @@ impl Endpoint {
 /// `/agents/<topology>/<node>/metrics` → (topology, node).
 fn agent_path(path: &str) -> Option<(&str, &str)> {
     let rest = path.strip_prefix("/agents/")?.strip_suffix("/metrics")?;
-    let (topology, node) = rest.split_once('/')?;
+    // The topology's key may be `namespace/name`; the node is the last part.
+    let (topology, node) = rest.rsplit_once('/')?;
     (!node.contains('/')).then_some((topology, node))
 }
 
@@ -214,7 +215,11 @@ mod tests {
     #[test]
     fn agent_paths_parse() {
         assert_eq!(agent_path("/agents/line3/a/metrics"), Some(("line3", "a")));
-        assert_eq!(agent_path("/agents/line3/a/b/metrics"), None);
+        assert_eq!(
+            agent_path("/agents/team-a/line3/a/metrics"),
+            Some(("team-a/line3", "a")),
+            "a namespace's topology"
+        );
         assert_eq!(agent_path("/agents/line3/metrics"), None);
         assert_eq!(agent_path("/metrics"), None);
     }

@@ -112,12 +112,12 @@ pub fn direction_load(configured_bps: Option<u64>, samples: &[Sample]) -> Direct
     d
 }
 
-/// Names of all stored topologies.
+/// Keys of all stored topologies (`namespace/name`, or the bare name).
 pub async fn topology_names(store: &Store) -> Result<Vec<String>, sqlx::Error> {
-    let rows = sqlx::query("SELECT name FROM topologies ORDER BY name")
+    let rows = sqlx::query("SELECT key FROM topologies ORDER BY key")
         .fetch_all(store.pool())
         .await?;
-    Ok(rows.iter().map(|r| r.get("name")).collect())
+    Ok(rows.iter().map(|r| r.get("key")).collect())
 }
 
 /// The link's endpoints (the sender of `forward`, the sender of `backward`),
@@ -129,7 +129,7 @@ pub async fn link_endpoints(
 ) -> Result<Option<(String, String)>, sqlx::Error> {
     let row = sqlx::query(
         "SELECT l.dialer, l.acceptor FROM links l JOIN topologies t ON t.id = l.topology_id \
-         WHERE t.name = $1 AND l.name = $2",
+         WHERE t.key = $1 AND l.name = $2",
     )
     .bind(topology)
     .bind(link)
@@ -141,7 +141,7 @@ pub async fn link_endpoints(
 /// The topology's graph and load, or `None` when there is no such topology.
 pub async fn load(store: &Store, topology: &str) -> Result<Option<TopologyLoad>, sqlx::Error> {
     let pool = store.pool();
-    let Some(t) = sqlx::query("SELECT id, generation FROM topologies WHERE name = $1")
+    let Some(t) = sqlx::query("SELECT id, generation FROM topologies WHERE key = $1")
         .bind(topology)
         .fetch_optional(pool)
         .await?

@@ -27,40 +27,65 @@ pub struct AgentSocket {
 }
 
 /// Every agent socket under `metrics_dir`, sorted by topology and node. A
-/// directory that cannot be read simply contributes nothing.
+/// topology of a namespace sits one level deeper (`<namespace>/<name>/`, as
+/// its key reads); a directory that cannot be read contributes nothing.
 pub fn list(metrics_dir: &Path) -> Vec<AgentSocket> {
     let mut out = Vec::new();
-    let Ok(topologies) = std::fs::read_dir(metrics_dir) else {
-        return out;
-    };
-    for t in topologies.filter_map(|e| e.ok()) {
-        let Ok(topology) = t.file_name().into_string() else {
-            continue;
-        };
-        if !t.file_type().is_ok_and(|ft| ft.is_dir()) {
-            continue;
+    for (key, dir) in subdirs(metrics_dir, None) {
+        // A namespace's directory holds its topologies' directories.
+        for (nested, nested_dir) in subdirs(&dir, Some(&key)) {
+            sockets_in(&nested_dir, &nested, &mut out);
         }
-        let Ok(nodes) = std::fs::read_dir(t.path()) else {
-            continue;
-        };
-        for n in nodes.filter_map(|e| e.ok()) {
-            let Some(node) = n
-                .file_name()
-                .to_str()
-                .and_then(|f| f.strip_suffix(".sock"))
-                .map(str::to_string)
-            else {
-                continue;
-            };
-            out.push(AgentSocket {
-                topology: topology.clone(),
-                node,
-                path: n.path(),
-            });
-        }
+        sockets_in(&dir, &key, &mut out);
     }
     out.sort();
     out
+}
+
+fn subdirs(dir: &Path, parent: Option<&str>) -> Vec<(String, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_type().is_ok_and(|ft| ft.is_dir()))
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let key = match parent {
+                Some(p) => format!("{p}/{name}"),
+                None => name,
+            };
+            Some((key, e.path()))
+        })
+        .collect()
+}
+
+fn sockets_in(dir: &Path, topology: &str, out: &mut Vec<AgentSocket>) {
+    let Ok(nodes) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for n in nodes.filter_map(|e| e.ok()) {
+        let Some(node) = n
+            .file_name()
+            .to_str()
+            .and_then(|f| f.strip_suffix(".sock"))
+            .map(str::to_string)
+        else {
+            continue;
+        };
+        out.push(AgentSocket {
+            topology: topology.to_string(),
+            node,
+            path: n.path(),
+        });
+    }
+}
+
+/// Whether a topology key from a URL is safe as a path: one plain name, or
+/// two (`namespace/name`).
+pub fn is_plain_key(key: &str) -> bool {
+    let (namespace, name) = nextmini_proto::topology_key::split(key);
+    namespace.is_none_or(is_plain_name) && is_plain_name(name)
 }
 
 /// Whether `name` is safe as one path component (a topology or node name taken
@@ -84,7 +109,13 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("nextmini-sockets-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let state = dir.join("state");
-        for (t, n) in [("line3", "b"), ("line3", "a"), ("ring", "r1")] {
+        for (t, n) in [
+            ("line3", "b"),
+            ("line3", "a"),
+            ("ring", "r1"),
+            ("team-a/line3", "a"),
+            ("team-a", "x"),
+        ] {
             let p = agent_socket(&state, t, n);
             std::fs::create_dir_all(p.parent().expect("parent")).expect("mkdir");
             std::fs::write(&p, "").expect("touch");
@@ -97,8 +128,14 @@ mod tests {
             .collect();
         assert_eq!(
             found,
-            [("line3", "a"), ("line3", "b"), ("ring", "r1")]
-                .map(|(t, n)| (t.to_string(), n.to_string()))
+            [
+                ("line3", "a"),
+                ("line3", "b"),
+                ("ring", "r1"),
+                ("team-a", "x"),
+                ("team-a/line3", "a")
+            ]
+            .map(|(t, n)| (t.to_string(), n.to_string()))
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -109,6 +146,10 @@ mod tests {
         assert!(is_plain_name("r-1"));
         for bad in ["", "..", ".", "a/b", "a b", "%2e%2e"] {
             assert!(!is_plain_name(bad), "{bad:?}");
+        }
+        assert!(is_plain_key("team-a/line3") && is_plain_key("line3"));
+        for bad in ["a/../b", "../x", "a/b/c", "/x"] {
+            assert!(!is_plain_key(bad), "{bad:?}");
         }
     }
 }

@@ -934,6 +934,19 @@ fn namespace_mode_refuses_application_containers_by_field() {
 }
 
 #[test]
+fn namespace_mode_refuses_names_that_cannot_make_a_key() {
+    let text = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: a/b, namespace: Team_A}\nspec:\n  nodes: [{name: a}, {name: b}]\n  links: [{endpoints: [a, b]}]\n";
+    let errors = check_local(&parse("t.yaml", text)).expect_err("refused locally");
+    let fields: Vec<&str> = errors.iter().map(|e| e.field.as_str()).collect();
+    assert_eq!(fields, ["metadata.namespace", "metadata.name"]);
+    let named = text.replace(
+        "{name: a/b, namespace: Team_A}",
+        "{name: wan, namespace: team-a}",
+    );
+    assert!(check_local(&parse("t.yaml", &named)).is_ok());
+}
+
+#[test]
 fn ttl_decrement_warns_when_a_path_outlives_the_default_ttl() {
     let line = |nodes: u32, ttl: &str| {
         plan(

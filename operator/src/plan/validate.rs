@@ -305,6 +305,30 @@ pub fn local_warnings(m: &super::Manifest) -> Vec<String> {
 pub fn check_local(m: &super::Manifest) -> Result<(), ValidationErrors> {
     let mut errors = ValidationErrors::default();
     for doc in &m.topologies {
+        // The namespace becomes part of the topology's key (`namespace/name`),
+        // as in a cluster, where the API server holds it to these rules.
+        if let Some(problem) = doc
+            .object
+            .metadata
+            .namespace
+            .as_deref()
+            .and_then(dns_label_problem)
+        {
+            errors.push(&doc.origin, "metadata.namespace", problem);
+        }
+        if doc
+            .object
+            .metadata
+            .name
+            .as_deref()
+            .is_some_and(|n| n.contains('/'))
+        {
+            errors.push(
+                &doc.origin,
+                "metadata.name",
+                "must not contain '/' (a topology is known as namespace/name)",
+            );
+        }
         let spec = &doc.object.spec;
         for (i, node) in spec.nodes.iter().enumerate() {
             if !node.containers.is_empty() {

@@ -1,9 +1,12 @@
 //! Names of what a topology owns in a cluster (its agent pods, headless Service,
 //! credentials Secrets and hosts ConfigMaps) and how the store records that a topology runs there.
 //! Pure, so the hub and the controller agree without talking to each other.
+//! Each takes the topology's key (`namespace/name`) and names objects by the
+//! name alone: they live in that namespace already.
 
 use crate::hub::Underlay;
 use crate::plan::Plan;
+use nextmini_proto::topology_key::name_of;
 use sha2::{Digest, Sha256};
 
 /// `topologies.runtime` of a topology the operator runs: `kubernetes/<namespace>`.
@@ -38,7 +41,7 @@ pub fn underlay_of(plan: &Plan, runtime: &str) -> Underlay {
 /// The headless Service that gives every agent pod a DNS name
 /// (`<node>.<service>.<namespace>.svc`). Service names must start with a letter.
 pub fn service_name(topology: &str) -> String {
-    bounded(&format!("nm-{topology}"), 63)
+    bounded(&format!("nm-{}", name_of(topology)), 63)
 }
 
 /// The Secret holding the credentials of a pod's nodes.
@@ -48,12 +51,12 @@ pub fn credentials_secret(pod: &str) -> String {
 
 /// One of a packed topology's ConfigMaps of node names.
 pub fn hosts_config_map(topology: &str, part: usize) -> String {
-    bounded(&format!("nm-{topology}-hosts-{part}"), 253)
+    bounded(&format!("nm-{}-hosts-{part}", name_of(topology)), 253)
 }
 
 /// The agent pod of a node.
 pub fn pod_name(topology: &str, node: &str) -> String {
-    bounded(&format!("{topology}-{node}"), 63)
+    bounded(&format!("{}-{node}", name_of(topology)), 63)
 }
 
 /// A worker pod's host name, the first label of its DNS name
@@ -64,7 +67,7 @@ pub fn worker_hostname(worker: u32) -> String {
 
 /// A packed topology's worker pod.
 pub fn worker_pod_name(topology: &str, worker: u32) -> String {
-    bounded(&format!("{topology}-worker-{worker}"), 63)
+    bounded(&format!("{}-worker-{worker}", name_of(topology)), 63)
 }
 
 /// `name` itself when it fits, else a prefix and a hash of the whole, so long
@@ -87,6 +90,10 @@ mod tests {
     fn names_fit_their_limits_and_stay_distinct() {
         assert_eq!(pod_name("line3", "a"), "line3-a");
         assert_eq!(service_name("line3"), "nm-line3");
+        assert_eq!(pod_name("team-a/line3", "a"), "line3-a");
+        assert_eq!(worker_pod_name("team-a/line3", 2), "line3-worker-2");
+        assert_eq!(service_name("team-a/line3"), "nm-line3");
+        assert_eq!(hosts_config_map("team-a/line3", 0), "nm-line3-hosts-0");
         let long = "x".repeat(63);
         let a = pod_name(&long, "a");
         let b = pod_name(&long, "b");

@@ -335,11 +335,11 @@ pub(super) async fn results(
     flow: Option<&str>,
 ) -> Result<Vec<FlowResultRow>> {
     let rows = sqlx::query(
-        "SELECT t.name AS topology, r.flow, r.instance, r.src, r.dst, r.protocol, r.size_bytes, r.bytes, \
+        "SELECT t.key AS topology, r.flow, r.instance, r.src, r.dst, r.protocol, r.size_bytes, r.bytes, \
            r.received_bytes, r.started_at, r.finished_at, r.fct_us, r.throughput_bps, r.retransmissions, r.error, r.unfaithful \
          FROM flow_results_checked r JOIN topologies t ON t.id = r.topology_id \
-         WHERE ($1::text IS NULL OR t.name = $1) AND ($2::text IS NULL OR r.flow = $2) \
-         ORDER BY t.name, r.flow, r.instance",
+         WHERE ($1::text IS NULL OR t.key = $1) AND ($2::text IS NULL OR r.flow = $2) \
+         ORDER BY t.key, r.flow, r.instance",
     )
     .bind(topology)
     .bind(flow)
@@ -371,9 +371,9 @@ pub(super) async fn results(
 /// The flows defined now, with their instance counts.
 pub(super) async fn flows(pool: &PgPool, topology: Option<&str>) -> Result<Vec<FlowRow>> {
     let rows = sqlx::query(
-        "SELECT t.name AS topology, f.name, f.src, f.dst, f.count, f.defined_generation \
+        "SELECT t.key AS topology, f.name, f.src, f.dst, f.count, f.defined_generation \
          FROM flows f JOIN topologies t ON t.id = f.topology_id \
-         WHERE ($1::text IS NULL OR t.name = $1) ORDER BY t.name, f.name",
+         WHERE ($1::text IS NULL OR t.key = $1) ORDER BY t.key, f.name",
     )
     .bind(topology)
     .fetch_all(pool)

@@ -26,7 +26,7 @@ pub(super) async fn links_not_forwarding(
                    AND m.link = l.name AND m.rtt_us IS NOT NULL) AS probed \
          FROM links l JOIN topologies t ON t.id = l.topology_id \
          LEFT JOIN link_counters c ON c.topology_id = l.topology_id AND c.link = l.name \
-         WHERE t.name = $1 \
+         WHERE t.key = $1 \
          GROUP BY l.topology_id, l.name, l.dialer, l.acceptor \
          ORDER BY l.name",
     )

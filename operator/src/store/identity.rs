@@ -38,7 +38,7 @@ pub(super) async fn ensure(
 ) -> Result<Option<LinkIdentity>> {
     sqlx::query(
         "UPDATE topologies SET link_cert_der = $2, link_key_der = $3 \
-         WHERE name = $1 AND link_cert_der IS NULL",
+         WHERE key = $1 AND link_cert_der IS NULL",
     )
     .bind(topology)
     .bind(&fresh.cert_der)
@@ -49,7 +49,7 @@ pub(super) async fn ensure(
 }
 
 pub(super) async fn load(pool: &PgPool, topology: &str) -> Result<Option<LinkIdentity>> {
-    let row = sqlx::query("SELECT link_cert_der, link_key_der FROM topologies WHERE name = $1")
+    let row = sqlx::query("SELECT link_cert_der, link_key_der FROM topologies WHERE key = $1")
         .bind(topology)
         .fetch_optional(pool)
         .await?;

@@ -198,7 +198,7 @@ impl Store {
         added_credentials: &BTreeMap<String, String>,
     ) -> Result<i64> {
         let mut tx = self.pool.begin().await?;
-        let runtime: String = sqlx::query_scalar("SELECT runtime FROM topologies WHERE name = $1")
+        let runtime: String = sqlx::query_scalar("SELECT runtime FROM topologies WHERE key = $1")
             .bind(&plan.topology)
             .fetch_one(&mut *tx)
             .await?;
@@ -228,7 +228,7 @@ impl Store {
     /// Which runtime runs the topology (`netns`, or `kubernetes/<namespace>`).
     pub async fn runtime_of(&self, topology: &str) -> Result<Option<String>> {
         Ok(
-            sqlx::query_scalar("SELECT runtime FROM topologies WHERE name = $1")
+            sqlx::query_scalar("SELECT runtime FROM topologies WHERE key = $1")
                 .bind(topology)
                 .fetch_optional(&self.pool)
                 .await?,
@@ -238,7 +238,7 @@ impl Store {
     /// The manifest text the topology was last stored from.
     pub async fn source_of(&self, topology: &str) -> Result<Option<String>> {
         Ok(
-            sqlx::query_scalar("SELECT source FROM topologies WHERE name = $1")
+            sqlx::query_scalar("SELECT source FROM topologies WHERE key = $1")
                 .bind(topology)
                 .fetch_optional(&self.pool)
                 .await?,
@@ -256,7 +256,7 @@ impl Store {
         const ATTEMPTS: u32 = 5;
         let mut attempt = 1;
         loop {
-            match sqlx::query("DELETE FROM topologies WHERE name = $1")
+            match sqlx::query("DELETE FROM topologies WHERE key = $1")
                 .bind(name)
                 .execute(&self.pool)
                 .await
@@ -277,10 +277,10 @@ impl Store {
     }
 
     pub async fn topology_names(&self) -> Result<Vec<String>> {
-        let rows = sqlx::query("SELECT name FROM topologies ORDER BY name")
+        let rows = sqlx::query("SELECT key FROM topologies ORDER BY key")
             .fetch_all(&self.pool)
             .await?;
-        Ok(rows.iter().map(|r| r.get("name")).collect())
+        Ok(rows.iter().map(|r| r.get("key")).collect())
     }
 
     /// The topology's current generation, or `None` when it does not exist.
@@ -385,7 +385,7 @@ impl Store {
     /// [`Store::links_changed_since`]).
     pub async fn plan_version(&self, topology: &str) -> Result<Option<(Version, i64)>> {
         let row =
-            sqlx::query("SELECT id, generation, plan_generation FROM topologies WHERE name = $1")
+            sqlx::query("SELECT id, generation, plan_generation FROM topologies WHERE key = $1")
                 .bind(topology)
                 .fetch_optional(&self.pool)
                 .await?;
@@ -401,7 +401,7 @@ impl Store {
     pub async fn node_identity(&self, topology: &str, node: &str) -> Result<Option<NodeIdentity>> {
         let row = sqlx::query(
             "SELECT n.topology_id, n.credential_sha256 FROM nodes n \
-             JOIN topologies t ON t.id = n.topology_id WHERE t.name = $1 AND n.name = $2",
+             JOIN topologies t ON t.id = n.topology_id WHERE t.key = $1 AND n.name = $2",
         )
         .bind(topology)
         .bind(node)
@@ -416,7 +416,7 @@ impl Store {
     pub async fn set_node_pid(&self, topology: &str, node: &str, pid: Option<i32>) -> Result<()> {
         sqlx::query(
             "UPDATE nodes SET pid = $3 FROM topologies t \
-             WHERE t.id = nodes.topology_id AND t.name = $1 AND nodes.name = $2",
+             WHERE t.id = nodes.topology_id AND t.key = $1 AND nodes.name = $2",
         )
         .bind(topology)
         .bind(node)
@@ -438,7 +438,7 @@ impl Store {
     ) -> Result<bool> {
         let done = sqlx::query(
             "UPDATE nodes SET pid = $4 FROM topologies t \
-             WHERE t.id = nodes.topology_id AND t.name = $1 AND nodes.name = $2 AND nodes.pid = $3",
+             WHERE t.id = nodes.topology_id AND t.key = $1 AND nodes.name = $2 AND nodes.pid = $3",
         )
         .bind(topology)
         .bind(node)
@@ -641,10 +641,10 @@ impl Store {
         runtime: &str,
     ) -> Result<Vec<(String, String, i32)>> {
         let rows = sqlx::query(
-            "SELECT t.name AS topology, n.name AS node, n.pid \
+            "SELECT t.key AS topology, n.name AS node, n.pid \
              FROM nodes n JOIN topologies t ON t.id = n.topology_id \
              WHERE t.runtime = $1 AND n.pid IS NOT NULL AND n.agent_state <> 'connected' \
-             ORDER BY t.name, n.idx",
+             ORDER BY t.key, n.idx",
         )
         .bind(runtime)
         .fetch_all(&self.pool)
@@ -672,7 +672,7 @@ impl Store {
         let row = sqlx::query(
             "SELECT count(*) FILTER (WHERE n.acked_generation >= $2 AND n.agent_state = 'connected') AS ready, \
                     count(*) AS total \
-             FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.name = $1",
+             FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.key = $1",
         )
         .bind(topology)
         .bind(generation)

@@ -7,6 +7,7 @@ use crate::plan::{
     Dataplane, LinkParams, Mapping, Packing, Placement, Plan, PlannedLink, PlannedNode, Resources,
     Transport,
 };
+use nextmini_proto::topology_key;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Postgres, Row, Transaction};
 use std::collections::{BTreeMap, HashMap};
@@ -18,16 +19,16 @@ pub(super) async fn upsert_topology(
     source: &str,
 ) -> Result<(i64, i64)> {
     let row = sqlx::query(
-        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms, ttl_decrement, seed) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-         ON CONFLICT (name) DO UPDATE SET generation = topologies.generation + 1, \
+        "INSERT INTO topologies (name, placement, runtime, overlay, underlay, processors, mapping, mtu, source, report_interval_ms, ttl_decrement, seed, namespace) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) \
+         ON CONFLICT (key) DO UPDATE SET generation = topologies.generation + 1, \
            placement = EXCLUDED.placement, runtime = EXCLUDED.runtime, overlay = EXCLUDED.overlay, \
            underlay = EXCLUDED.underlay, processors = EXCLUDED.processors, mapping = EXCLUDED.mapping, \
            mtu = EXCLUDED.mtu, source = EXCLUDED.source, report_interval_ms = EXCLUDED.report_interval_ms, \
            ttl_decrement = EXCLUDED.ttl_decrement, seed = EXCLUDED.seed, updated_at = now() \
          RETURNING id, generation",
     )
-    .bind(&plan.topology)
+    .bind(topology_key::name_of(&plan.topology))
     .bind(placement_str(plan.placement))
     .bind(runtime)
     .bind(plan.overlay.to_string())
@@ -40,6 +41,7 @@ pub(super) async fn upsert_topology(
     .bind(plan.dataplane.ttl_decrement)
     // The bit pattern: a u64 seed above i64::MAX reads back the same.
     .bind(plan.seed.map(|s| s as i64))
+    .bind(topology_key::split(&plan.topology).0.unwrap_or_default())
     .fetch_one(&mut **tx)
     .await?;
     Ok((row.get("id"), row.get("generation")))
@@ -211,7 +213,7 @@ pub struct LoadedPlan {
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>> {
     let Some(t) = sqlx::query(
-        "SELECT id, generation, plan_generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement, seed FROM topologies WHERE name = $1",
+        "SELECT id, generation, plan_generation, placement, overlay, underlay, processors, mapping, mtu, report_interval_ms, ttl_decrement, seed FROM topologies WHERE key = $1",
     )
     .bind(name)
     .fetch_optional(pool)

@@ -30,7 +30,7 @@ pub(super) async fn load(
 ) -> Result<(Vec<RouteRow>, Vec<RouteRuleRow>)> {
     let routes = sqlx::query(
         "SELECT r.id, r.name, r.path FROM routes r JOIN topologies t ON t.id = r.topology_id \
-         WHERE t.name = $1 ORDER BY r.id",
+         WHERE t.key = $1 ORDER BY r.id",
     )
     .bind(topology)
     .fetch_all(pool)
@@ -44,7 +44,7 @@ pub(super) async fn load(
     .collect();
     let rules = sqlx::query(
         "SELECT r.id, r.src, r.dst, r.protocol, r.src_port, r.dst_port, r.route_id, r.weight \
-         FROM route_rules r JOIN topologies t ON t.id = r.topology_id WHERE t.name = $1 ORDER BY r.id",
+         FROM route_rules r JOIN topologies t ON t.id = r.topology_id WHERE t.key = $1 ORDER BY r.id",
     )
     .bind(topology)
     .fetch_all(pool)

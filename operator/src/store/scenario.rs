@@ -250,7 +250,7 @@ pub struct TimelineRow {
 pub(super) async fn timeline(pool: &PgPool, topology: &str) -> Result<Vec<TimelineRow>> {
     let rows = sqlx::query(
         "SELECT idx, at_us, target, kind, planned_at, last_applied_at, worst_skew_us, agents, errors \
-         FROM scenario_timeline WHERE topology = $1 ORDER BY idx",
+         FROM scenario_timeline WHERE topology_key = $1 ORDER BY idx",
     )
     .bind(topology)
     .fetch_all(pool)
@@ -289,7 +289,7 @@ pub(super) async fn pending_node_events(
     runtime: &str,
 ) -> Result<Vec<PendingNodeEvent>> {
     let rows = sqlx::query(
-        "SELECT t.id, t.name, e.idx, e.node, e.kind, \
+        "SELECT t.id, t.key AS name, e.idx, e.node, e.kind, \
                 r.starts_at + e.at_us * interval '1 microsecond' AS planned_at \
          FROM scenario_events e JOIN topologies t ON t.id = e.topology_id \
          JOIN scenario_runs r ON r.topology_id = e.topology_id \

@@ -49,7 +49,7 @@ pub struct LinkStatusRow {
 }
 
 pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologyStatusRow>> {
-    let Some(t) = sqlx::query("SELECT id, generation, runtime FROM topologies WHERE name = $1")
+    let Some(t) = sqlx::query("SELECT id, generation, runtime FROM topologies WHERE key = $1")
         .bind(name)
         .fetch_optional(pool)
         .await?
@@ -120,7 +120,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<TopologySta
 async fn problems(pool: &PgPool, name: &str) -> Result<Vec<super::TopologyProblem>> {
     let rows = sqlx::query(
         "SELECT p.subject, p.problem, p.consequence FROM topology_problems p \
-         JOIN topologies t ON t.id = p.topology_id WHERE t.name = $1 ORDER BY p.subject",
+         JOIN topologies t ON t.id = p.topology_id WHERE t.key = $1 ORDER BY p.subject",
     )
     .bind(name)
     .fetch_all(pool)

@@ -37,7 +37,7 @@ pub fn hub_stopped(local: &Local) {
 /// Removes the sockets directory of a topology that is gone (its agents remove
 /// their own sockets when stopped politely; this covers `kill -9`).
 pub fn forget_topology(local: &Local, topology: &str) {
-    if sockets::is_plain_name(topology) {
+    if sockets::is_plain_key(topology) {
         let _ = std::fs::remove_dir_all(sockets::metrics_dir(&local.state_dir).join(topology));
     }
 }

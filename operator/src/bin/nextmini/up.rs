@@ -38,8 +38,18 @@ pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| file.display().to_string());
     let manifest = plan::parse_manifest(&source, &text).map_err(invalid)?;
-    let plans = plan::plan_manifest(&manifest).map_err(invalid)?;
+    let mut plans = plan::plan_manifest(&manifest).map_err(invalid)?;
     plan::check_local(&manifest).map_err(invalid)?;
+    // A topology that names its namespace is known by both, as in a cluster:
+    // two manifests may each bring a "wan" in their own namespace.
+    for p in &mut plans {
+        let namespace = manifest
+            .topologies
+            .iter()
+            .find(|d| d.object.metadata.name.as_deref() == Some(p.topology.as_str()))
+            .and_then(|d| d.object.metadata.namespace.as_deref());
+        p.topology = nextmini_proto::topology_key::join(namespace, &p.topology);
+    }
     for w in plan::local_warnings(&manifest) {
         eprintln!("warning: {w}");
     }
