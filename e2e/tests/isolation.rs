@@ -268,7 +268,19 @@ fn the_same_name_in_two_namespaces_runs_as_two_topologies() {
         "team-a's credential for team-b's x: {log}"
     );
 
+    // Without --topology, a node name both teams use is ambiguous, and says so.
+    let both = env.exec("x", &["true"]);
+    assert!(
+        String::from_utf8_lossy(&both.stderr).contains("(team-a/wan, team-b/wan)"),
+        "{}",
+        String::from_utf8_lossy(&both.stderr)
+    );
+
     env.ok(&["down", "team-a/wan"]);
+    assert!(
+        env.exec("x", &["true"]).status.success(),
+        "with team-a's wan gone, x is team-b's"
+    );
     assert!(
         namespaces_of("team-a/wan").is_empty(),
         "team-a's nodes are gone"

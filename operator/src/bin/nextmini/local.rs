@@ -8,7 +8,7 @@ use nextmini_operator::runtime::netns::NetnsRuntime;
 use nextmini_operator::runtime::{Runtime, names};
 use nextmini_operator::store::Store;
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -312,17 +312,33 @@ impl Local {
         Err(err).context("running ip netns exec")
     }
 
-    /// Finds which running topology has a node of that name, from the namespaces
-    /// on this machine (no database needed).
+    /// Finds which running topology has a node of that name, from the
+    /// credentials on this machine (no database needed): a node's token file
+    /// in `credentials/<name>/`, or `credentials/<namespace>/<name>/` for a
+    /// topology of a namespace.
     fn only_topology_with(&self, node: &str) -> anyhow::Result<String> {
-        let tops: Vec<String> = std::fs::read_dir(self.state_dir.join("credentials"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.path().join(node).exists())
-                    .filter_map(|e| e.file_name().into_string().ok())
-                    .collect()
-            })
-            .unwrap_or_default();
+        let dirs = |dir: &Path| -> Vec<(String, PathBuf)> {
+            std::fs::read_dir(dir)
+                .map(|d| {
+                    d.filter_map(|e| e.ok())
+                        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                        .filter_map(|e| Some((e.file_name().into_string().ok()?, e.path())))
+                        .collect()
+                })
+                .unwrap_or_default()
+        };
+        let mut tops = Vec::new();
+        for (name, dir) in dirs(&self.state_dir.join("credentials")) {
+            if dir.join(node).is_file() {
+                tops.push(name.clone());
+            }
+            for (inner, inner_dir) in dirs(&dir) {
+                if inner_dir.join(node).is_file() {
+                    tops.push(format!("{name}/{inner}"));
+                }
+            }
+        }
+        tops.sort();
         match tops.as_slice() {
             [one] => Ok(one.clone()),
             [] => bail!("no running topology has a node named {node}"),
