@@ -488,6 +488,30 @@ pub fn ping_avg_ms(env: &Env, node: &str, target: &str, count: u32) -> f64 {
     ping_summary_avg_ms(&text)
 }
 
+/// The median RTT of `count` pings from `node` to `target`, from each reply's
+/// `time=`: a fixed delay shows in full, while one reply that waited for a
+/// busy CPU moves it no more than any other (it can move a mean by 0.5 ms).
+pub fn ping_median_ms(env: &Env, node: &str, target: &str, count: u32) -> f64 {
+    let count = count.to_string();
+    let out = env.exec(
+        node,
+        &["ping", "-c", &count, "-i", "0.05", "-W", "2", target],
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "ping {target} from {node} failed: {text}"
+    );
+    let mut rtts: Vec<f64> = text
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix("time="))
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    assert!(!rtts.is_empty(), "no replies in ping output: {text}");
+    rtts.sort_by(f64::total_cmp);
+    rtts[rtts.len() / 2]
+}
+
 /// The average RTT from ping's summary line
 /// (`rtt min/avg/max/mdev = 0.051/0.062/0.080/0.009 ms`).
 pub fn ping_summary_avg_ms(text: &str) -> f64 {
