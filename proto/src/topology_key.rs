@@ -30,6 +30,18 @@ pub fn name_of(key: &str) -> &str {
     split(key).1
 }
 
+/// The Prometheus labels a topology's series carry: `namespace` when it has
+/// one, and `topology`, its name (as Kubernetes shows it). Agents and the hub
+/// label alike, so their series join.
+pub fn labels(key: &str) -> Vec<(&'static str, &str)> {
+    let (namespace, name) = split(key);
+    namespace
+        .map(|ns| ("namespace", ns))
+        .into_iter()
+        .chain([("topology", name)])
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -42,5 +54,10 @@ mod tests {
         assert_eq!(split("team-a/wan"), (Some("team-a"), "wan"));
         assert_eq!(split("wan"), (None, "wan"));
         assert_eq!(name_of("team-b/wan"), name_of("wan"));
+        assert_eq!(
+            labels("team-a/wan"),
+            [("namespace", "team-a"), ("topology", "wan")]
+        );
+        assert_eq!(labels("wan"), [("topology", "wan")]);
     }
 }

@@ -72,14 +72,10 @@ pub struct Source {
 /// `node` on every series, and `namespace` for a topology of a namespace
 /// (`topology` is then its name alone, as Kubernetes shows it).
 pub fn registry(topology: &str, node: &str, source: Source) -> Registry {
-    let (namespace, name) = nextmini_proto::topology_key::split(topology);
-    let labels = namespace
-        .map(|ns| (Cow::Borrowed("namespace"), Cow::Owned(ns.to_string())))
+    let labels = nextmini_proto::topology_key::labels(topology)
         .into_iter()
-        .chain([
-            (Cow::Borrowed("topology"), Cow::Owned(name.to_string())),
-            (Cow::Borrowed("node"), Cow::Owned(node.to_string())),
-        ]);
+        .chain([("node", node)])
+        .map(|(k, v)| (Cow::Borrowed(k), Cow::Owned(v.to_string())));
     let mut registry = Registry::with_labels(labels);
     registry.register_collector(Box::new(DataplaneCollector::new(source)));
     registry.register_collector(Box::new(FlowCollector));

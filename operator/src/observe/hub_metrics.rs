@@ -383,16 +383,8 @@ impl Collector for TopologyGauge {
         let mut family =
             encoder.encode_descriptor(self.name, self.help, None, MetricType::Gauge)?;
         for (topology, n) in &counts {
-            // As the agents label theirs: the name, and its namespace if any.
-            let (namespace, name) = nextmini_proto::topology_key::split(topology);
-            match namespace {
-                Some(ns) => family
-                    .encode_family(&[("namespace", ns), ("topology", name)])?
-                    .encode_gauge(n)?,
-                None => family
-                    .encode_family(&[("topology", name)])?
-                    .encode_gauge(n)?,
-            }
+            let labels = nextmini_proto::topology_key::labels(topology);
+            family.encode_family(&labels)?.encode_gauge(n)?;
         }
         Ok(())
     }
