@@ -77,7 +77,12 @@ impl Cluster {
     }
 
     pub fn kubectl_stdin(&self, args: &[&str], stdin: &str) -> Output {
-        let mut all = vec!["-n", &self.namespace];
+        self.kubectl_in_stdin(&self.namespace, args, stdin)
+    }
+
+    /// `kubectl <args>` in another namespace, with `stdin`.
+    pub fn kubectl_in_stdin(&self, namespace: &str, args: &[&str], stdin: &str) -> Output {
+        let mut all = vec!["-n", namespace];
         all.extend_from_slice(args);
         self.run(&self.kubectl, &all, Some(stdin))
     }
@@ -122,25 +127,40 @@ impl Cluster {
     /// Applies `yaml`, which must succeed, and waits up to `timeout` (`180s`)
     /// for `topology/<name>` to be Ready; how long that took from the apply.
     pub fn apply_until_ready(&self, yaml: &str, name: &str, timeout: &str) -> Duration {
+        self.apply_until_ready_in(&self.namespace, yaml, name, timeout)
+    }
+
+    /// [`Cluster::apply_until_ready`] in another namespace (the operator's
+    /// log still comes from this one's).
+    pub fn apply_until_ready_in(
+        &self,
+        namespace: &str,
+        yaml: &str,
+        name: &str,
+        timeout: &str,
+    ) -> Duration {
         let t = Instant::now();
-        let applied = self.kubectl_stdin(&["apply", "-f", "-"], yaml);
+        let applied = self.kubectl_in_stdin(namespace, &["apply", "-f", "-"], yaml);
         assert!(
             applied.status.success(),
             "{}",
             String::from_utf8_lossy(&applied.stderr)
         );
-        let waited = self.kubectl(&[
-            "wait",
-            "--for=condition=Ready",
-            &format!("topology/{name}"),
-            &format!("--timeout={timeout}"),
-        ]);
+        let waited = self.kubectl_in(
+            namespace,
+            &[
+                "wait",
+                "--for=condition=Ready",
+                &format!("topology/{name}"),
+                &format!("--timeout={timeout}"),
+            ],
+        );
         if !waited.status.success() {
             // What the Topology itself says is the first thing to read.
-            let show = |args: &[&str]| {
-                let out = self.kubectl(args);
+            let show = |ns: &str, args: &[&str]| {
+                let out = self.kubectl_in(ns, args);
                 format!(
-                    "$ kubectl {}\n{}{}",
+                    "$ kubectl -n {ns} {}\n{}{}",
                     args.join(" "),
                     String::from_utf8_lossy(&out.stdout),
                     String::from_utf8_lossy(&out.stderr)
@@ -148,22 +168,31 @@ impl Cluster {
             };
             panic!(
                 "topology/{name} not Ready within {timeout}:\n{}\n{}\n{}\n{}",
-                show(&[
-                    "get",
-                    "topology",
-                    name,
-                    "-o",
-                    r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
-                ]),
-                show(&[
-                    "get",
-                    "pods",
-                    "-l",
-                    &format!("nextmini.io/topology={name}"),
-                    "--no-headers"
-                ]),
-                show(&["get", "events", "--sort-by=.lastTimestamp"]),
-                show(&["logs", "deploy/nm-operator", "--tail=30"]),
+                show(
+                    namespace,
+                    &[
+                        "get",
+                        "topology",
+                        name,
+                        "-o",
+                        r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
+                    ]
+                ),
+                show(
+                    namespace,
+                    &[
+                        "get",
+                        "pods",
+                        "-l",
+                        &format!("nextmini.io/topology={name}"),
+                        "--no-headers"
+                    ]
+                ),
+                show(namespace, &["get", "events", "--sort-by=.lastTimestamp"]),
+                show(
+                    &self.namespace,
+                    &["logs", "deploy/nm-operator", "--tail=30"]
+                ),
             );
         }
         t.elapsed()

@@ -598,39 +598,10 @@ fn same_name_in_another_namespace(c: &Cluster) {
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: line3}}\nspec:\n  placement: packed\n  nodesPerWorker: 2\n  workerImage: {}\n  linkDefaults: {{delay: 4ms}}\n  nodes: [{{name: p}}, {{name: q}}]\n  links: [{{endpoints: [p, q]}}]\n",
         worker_image()
     );
-    let t = Instant::now();
-    let applied = c.kubectl_stdin(&["-n", &team, "apply", "-f", "-"], &yaml);
-    assert!(
-        applied.status.success(),
-        "{}",
-        String::from_utf8_lossy(&applied.stderr)
-    );
-    let waited = c.kubectl(&[
-        "-n",
-        &team,
-        "wait",
-        "--for=condition=Ready",
-        "topology/line3",
-        "--timeout=240s",
-    ]);
-    assert!(
-        waited.status.success(),
-        "{team}/line3 not Ready: {}\n{}\n{}",
-        c.ok(&[
-            "-n",
-            &team,
-            "get",
-            "topology",
-            "line3",
-            "-o",
-            r#"jsonpath={range .status.conditions[*]}{.type}={.status} {.reason}: {.message}{"\n"}{end}"#,
-        ]),
-        c.ok(&["-n", &team, "get", "pods,events"]),
-        c.ok(&["logs", "deploy/nm-operator", "--tail=30"]),
-    );
+    let ready = c.apply_until_ready_in(&team, &yaml, "line3", "240s");
     println!(
         "{team}/line3 Ready {:.1} s after kubectl apply, beside {}/line3",
-        t.elapsed().as_secs_f64(),
+        ready.as_secs_f64(),
         c.namespace
     );
     assert_eq!(
