@@ -305,5 +305,111 @@ pub fn finish(
     Ok(())
 }
 
+/// Cuts a TCP super-packet into super-packets of at most `max_segments`
+/// segments each, handed to `out` in order with their offload metadata: the
+/// "trains" a rate-limited link charges and releases as a whole
+/// (`sched::config::LinkConfig::passes_trains`). Each keeps the original's
+/// `gso_size`, so the segments a receiver's kernel cuts from the trains are
+/// byte for byte the ones it would cut from the original (IP ids, sequence
+/// numbers, flags and checksums). A packet that is not TCP GSO, or already
+/// short enough, is handed over whole.
+pub fn chunk(
+    packet: Bytes,
+    offload: Offload,
+    max_segments: usize,
+    out: &mut impl FnMut(Bytes, Offload, u32),
+) -> Result<(), OffloadError> {
+    let base = offload.gso_type & !GSO_ECN;
+    if !offload.is_gso() || !matches!(base, GSO_TCPV4 | GSO_TCPV6) {
+        let (segments, _) = offload.wire_size(&packet);
+        out(packet, offload, segments as u32);
+        return Ok(());
+    }
+    if offload.gso_size == 0 {
+        return Err(OffloadError::ZeroSegmentSize);
+    }
+    let headers = headers_len(&offload, &packet)?;
+    let gso_size = usize::from(offload.gso_size);
+    let payload = packet.len() - headers;
+    let segments = payload.div_ceil(gso_size).max(1);
+    if segments > MAX_SEGMENTS {
+        return Err(OffloadError::TooManySegments(segments));
+    }
+    let per_train = max_segments.max(1);
+    if segments <= per_train {
+        out(packet, offload, segments as u32);
+        return Ok(());
+    }
+    let start = usize::from(offload.csum_start);
+    let v4 = packet[0] >> 4 == 4;
+    let seq = u32::from_be_bytes([
+        packet[start + 4],
+        packet[start + 5],
+        packet[start + 6],
+        packet[start + 7],
+    ]);
+    let ip_id = u16::from_be_bytes([packet[4], packet[5]]);
+    let trains = segments.div_ceil(per_train);
+    let train_bytes = per_train * gso_size;
+    for t in 0..trains {
+        let from = headers + t * train_bytes;
+        let to = (from + train_bytes).min(packet.len());
+        let mut train = BytesMut::with_capacity(headers + to - from);
+        train.extend_from_slice(&packet[..headers]);
+        train.extend_from_slice(&packet[from..to]);
+        let total = train.len();
+        if v4 {
+            train[2..4].copy_from_slice(&(total as u16).to_be_bytes());
+            // The kernel numbers a super-packet's segments from its IP id on.
+            let id = ip_id.wrapping_add((t * per_train) as u16);
+            train[4..6].copy_from_slice(&id.to_be_bytes());
+            train[10..12].copy_from_slice(&[0, 0]);
+            let ihl = usize::from(train[0] & 0xf) * 4;
+            let sum = !tun_rs::checksum(&train[..ihl], 0);
+            train[10..12].copy_from_slice(&sum.to_be_bytes());
+        } else {
+            train[4..6].copy_from_slice(&((total - IPV6_HEADER) as u16).to_be_bytes());
+        }
+        let tcp = &mut train[start..];
+        let train_seq = seq.wrapping_add((t * train_bytes) as u32);
+        tcp[4..8].copy_from_slice(&train_seq.to_be_bytes());
+        const FIN: u8 = 0x01;
+        const PSH: u8 = 0x08;
+        const CWR: u8 = 0x80;
+        if t + 1 < trains {
+            tcp[13] &= !(FIN | PSH);
+        }
+        if t > 0 {
+            tcp[13] &= !CWR;
+        }
+        let pseudo = pseudo_header_sum(&train, start, v4);
+        train[start + 16..start + 18].copy_from_slice(&pseudo.to_be_bytes());
+        let n = (to - from).div_ceil(gso_size).max(1);
+        let mut meta = offload;
+        meta.hdr_len = headers as u16;
+        out(train.freeze(), meta, n as u32);
+    }
+    Ok(())
+}
+
+/// The folded pseudo-header sum a partial TCP checksum field holds (what the
+/// kernel puts there for a packet it leaves the checksum of to the device).
+fn pseudo_header_sum(packet: &[u8], transport_start: usize, v4: bool) -> u16 {
+    let len = (packet.len() - transport_start) as u32;
+    let mut pseudo = [0u8; 40];
+    let used = if v4 {
+        pseudo[..8].copy_from_slice(&packet[12..20]);
+        pseudo[9] = 6;
+        pseudo[10..12].copy_from_slice(&(len as u16).to_be_bytes());
+        12
+    } else {
+        pseudo[..32].copy_from_slice(&packet[8..40]);
+        pseudo[32..36].copy_from_slice(&len.to_be_bytes());
+        pseudo[39] = 6;
+        40
+    };
+    tun_rs::checksum(&pseudo[..used], 0)
+}
+
 #[cfg(test)]
 pub(crate) mod tests;

@@ -234,7 +234,58 @@ fn a_checksum_valid_hint_alone_means_nothing_to_do() {
     assert_eq!(Offload::from_vnet(&h), Offload::default());
 }
 
+fn chunk_all(packet: BytesMut, offload: Offload, per_train: usize) -> Vec<(Bytes, Offload, u32)> {
+    let mut out = Vec::new();
+    chunk(packet.freeze(), offload, per_train, &mut |p, o, n| {
+        out.push((p, o, n))
+    })
+    .expect("valid");
+    out
+}
+
+#[test]
+fn a_short_super_packet_is_one_train_untouched() {
+    let payload = vec![7u8; 3000];
+    let packet = tcp_super(&payload, 1, PSH_ACK, 9);
+    let trains = chunk_all(packet.clone(), tcp_offload(1000), 16);
+    assert_eq!(trains.len(), 1);
+    assert_eq!(&trains[0].0[..], &packet[..]);
+    assert_eq!(trains[0].2, 3);
+}
+
 proptest! {
+    /// The promise of a train: the segments a receiver cuts from the trains
+    /// are byte for byte those it would cut from the super-packet, and each
+    /// train's partial checksum is its own pseudo-header sum (a receiver's
+    /// kernel adjusts that field by length, it does not recompute it).
+    #[test]
+    fn trains_cut_into_the_same_segments_as_the_super_packet(
+        len in 1usize..20_000,
+        gso_size in 500u16..9000,
+        per_train in 1usize..20,
+        seq in any::<u32>(),
+        ip_id in any::<u16>(),
+        fin in any::<bool>(),
+        cwr in any::<bool>(),
+    ) {
+        let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+        let flags = PSH_ACK | u8::from(fin) | if cwr { 0x80 } else { 0 };
+        let whole = tcp_super(&payload, seq, flags, ip_id);
+        let expected = finish_all(whole.clone(), tcp_offload(gso_size)).expect("valid");
+        let trains = chunk_all(whole, tcp_offload(gso_size), per_train);
+        let mut cut = Vec::new();
+        for (train, offload, n) in &trains {
+            prop_assert!(*n as usize <= per_train);
+            let t = IPV4_MIN_HEADER;
+            let field = u16::from_be_bytes([train[t + 16], train[t + 17]]);
+            prop_assert_eq!(u32::from(field), pseudo_v4(train, 6, train.len() - t));
+            let segments = finish_all(BytesMut::from(&train[..]), *offload).expect("valid");
+            prop_assert_eq!(segments.len(), *n as usize);
+            cut.extend(segments);
+        }
+        prop_assert_eq!(cut, expected);
+    }
+
     #[test]
     fn segments_carry_exactly_the_payload_with_valid_checksums(
         len in 1usize..20_000,

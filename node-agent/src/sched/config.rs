@@ -162,6 +162,28 @@ impl LinkConfig {
             && i.corrupt_ppm == 0
     }
 
+    /// True when the link acts on packets only through a token bucket, a
+    /// tail-drop FIFO and a fixed delay: the stages that charge by bytes and
+    /// count packets, and would treat a burst of back-to-back segments as a
+    /// block anyway. Such a link may carry a super-packet as trains of a few
+    /// segments (`Pipeline::train_segments`) instead of one entry per segment,
+    /// which is most of a shaped hop's CPU. An AQM, a scheduler with classes,
+    /// a trace or any random impairment decides per packet and gets packets.
+    pub fn passes_trains(&self) -> bool {
+        let i = &self.impairment;
+        self.shaper.rate_bps > 0
+            && self.shaper.trace.is_none()
+            && self.queues == 1
+            && self.classes.is_empty()
+            && matches!(self.aqm, AqmConfig::TailDrop)
+            && matches!(self.scheduler, SchedulerConfig::Fcfs)
+            && i.jitter_ns == 0
+            && i.loss_ppm == 0
+            && i.reorder_ppm == 0
+            && i.duplicate_ppm == 0
+            && i.corrupt_ppm == 0
+    }
+
     pub fn from_params(params: &pb::LinkParams, mtu: u32) -> Result<LinkConfig, ConfigError> {
         if mtu == 0 {
             return Err(ConfigError::new("mtu", "must be above 0"));

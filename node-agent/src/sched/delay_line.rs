@@ -12,6 +12,8 @@ pub(crate) struct Slot<P> {
     pub at: u64,
     seq: u64,
     pub len: u32,
+    /// Wire packets it stands for: more than one for a train.
+    pub segments: u32,
     pub payload: P,
 }
 
@@ -61,12 +63,13 @@ impl<P> Default for DelayLine<P> {
 
 impl<P> DelayLine<P> {
     /// Puts a packet on the wire; true when it overtakes one already there.
-    pub fn push(&mut self, at: u64, len: u32, payload: P) -> bool {
+    pub fn push(&mut self, at: u64, len: u32, segments: u32, payload: P) -> bool {
         self.seq += 1;
         let slot = Slot {
             at,
             seq: self.seq,
             len,
+            segments,
             payload,
         };
         if self.fifo.back().is_none_or(|last| last.at <= at) {
@@ -122,11 +125,11 @@ mod tests {
     #[test]
     fn merges_overtakers_by_time_then_arrival() {
         let mut line = DelayLine::default();
-        assert!(!line.push(100, 1, 1));
-        assert!(!line.push(100, 1, 2));
-        assert!(!line.push(200, 1, 3));
-        assert!(line.push(50, 1, 4), "overtakes");
-        assert!(line.push(100, 1, 5), "ties keep arrival order");
+        assert!(!line.push(100, 1, 1, 1));
+        assert!(!line.push(100, 1, 1, 2));
+        assert!(!line.push(200, 1, 1, 3));
+        assert!(line.push(50, 1, 1, 4), "overtakes");
+        assert!(line.push(100, 1, 1, 5), "ties keep arrival order");
         assert_eq!(line.len(), 5);
         assert_eq!(line.next_release(), Some(50));
         assert_eq!(line.fifo_tail(), Some(200));

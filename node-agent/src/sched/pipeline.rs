@@ -321,7 +321,49 @@ impl<P: Payload> Pipeline<P> {
     }
 
     /// Offers a packet at `now`. Call `poll` afterwards: the packet may be due at once.
-    pub fn enqueue(&mut self, mut payload: P, meta: PacketMeta, now: u64) -> EnqueueOutcome {
+    pub fn enqueue(&mut self, payload: P, meta: PacketMeta, now: u64) -> EnqueueOutcome {
+        self.enqueue_segments(payload, meta, 1, now)
+    }
+
+    /// How many wire packets a train may hold on this link, if it takes
+    /// trains: a super-packet cut into trains of that many segments is charged
+    /// and released whole, each train leaving at its first segment's instant.
+    /// Only a link with nothing that acts on single packets takes them (see
+    /// [`LinkConfig::passes_trains`]), and no more segments than leave within
+    /// [`RELEASE_SLACK`] at the link's rate, so a segment is early by no more
+    /// than a busy link's packets already are. A capture sees single packets.
+    pub fn train_segments(&self) -> Option<usize> {
+        if self.tap.is_some() {
+            return None;
+        }
+        let cfg = self.applied.as_ref().filter(|c| c.passes_trains())?;
+        let segment_ns = u64::from(cfg.mtu) * 8 * 1_000_000_000 / cfg.shaper.rate_bps.max(1);
+        let within_slack = RELEASE_SLACK.ahead_ns / segment_ns.max(1) + 1;
+        let n = within_slack.min(RELEASE_SLACK.packets as u64) as usize;
+        (n > 1).then_some(n)
+    }
+
+    /// Whether a train of `len` bytes and `segments` packets fits the queue
+    /// it would join at `now`. A train that does not is cut into its packets,
+    /// so that the tail drop takes the packets that overflow, as it would
+    /// take them from the burst the train stands for.
+    pub fn has_room(&mut self, meta: &PacketMeta, segments: u32, now: u64) -> bool {
+        self.advance(now);
+        let q = self.classifier.classify(meta).min(self.queues.len() - 1);
+        let state = self.queues.states()[q];
+        self.fits(&state, meta.len, segments)
+    }
+
+    /// Offers `segments` wire packets at `now` as one entry of `meta.len`
+    /// bytes: a train on a link that takes them, or one packet.
+    pub fn enqueue_segments(
+        &mut self,
+        mut payload: P,
+        meta: PacketMeta,
+        segments: u32,
+        now: u64,
+    ) -> EnqueueOutcome {
+        let segments = segments.max(1);
         // Let everything due before `now` leave first, so the AQM and the
         // scheduler see the queue as it is at `now`.
         self.advance(now);
@@ -330,7 +372,7 @@ impl<P: Payload> Pipeline<P> {
         let verdict = self.aqms[q].on_enqueue(&state, &meta, now, &mut self.rng);
         let refused = if verdict == Verdict::Drop {
             Some(DropCause::Aqm)
-        } else if !self.fits(&state, meta.len) {
+        } else if !self.fits(&state, meta.len, segments) {
             Some(DropCause::QueueFull)
         } else {
             None
@@ -342,7 +384,7 @@ impl<P: Payload> Pipeline<P> {
         });
         if let Some(cause) = refused {
             self.tap_refused(&payload, &meta, q, &state, now, cause);
-            return self.drop(cause);
+            return self.drop(cause, segments);
         }
         self.seq += 1;
         self.queues.push(
@@ -350,6 +392,7 @@ impl<P: Payload> Pipeline<P> {
             Entry {
                 payload,
                 meta,
+                segments,
                 arrival: now,
                 seq: self.seq,
                 depth_packets: state.packets,
@@ -359,7 +402,7 @@ impl<P: Payload> Pipeline<P> {
         );
         self.scheduler.on_enqueue(q, &meta);
         self.blocked_until = None;
-        self.stats.enqueued += 1;
+        self.stats.enqueued += u64::from(segments);
         self.stats.ecn_marked += u64::from(marked);
         self.sync_depth(q);
         if marked {
@@ -426,13 +469,13 @@ impl<P: Payload> Pipeline<P> {
     fn hand_out(&mut self, slot: super::delay_line::Slot<P>, now: u64, out: &mut Vec<P>) {
         let lateness = now.saturating_sub(slot.at);
         if lateness > LATE_BOUND_NS {
-            self.stats.late += 1;
+            self.stats.late += u64::from(slot.segments);
             let from = slot.at.max(self.behind_until);
             self.stats.behind_ns += now.saturating_sub(from);
             self.behind_until = self.behind_until.max(now);
         }
         self.stats.max_lateness_ns = self.stats.max_lateness_ns.max(lateness);
-        self.stats.sent_packets += 1;
+        self.stats.sent_packets += u64::from(slot.segments);
         self.stats.sent_bytes += u64::from(slot.len);
         out.push(slot.payload);
     }
@@ -567,7 +610,7 @@ impl<P: Payload> Pipeline<P> {
         self.aqms[q].on_dequeue(&state, at);
         self.scheduler
             .on_dequeue(q, &entry.meta, self.queues.states());
-        self.stats.dequeued += 1;
+        self.stats.dequeued += u64::from(entry.segments);
         self.sync_depth(q);
         self.releases.clear();
         self.impairment
@@ -575,7 +618,7 @@ impl<P: Payload> Pipeline<P> {
         if self.tap.is_some() {
             self.tap_departed(q, &entry, at);
         }
-        self.put_on_wire(entry.payload, entry.meta.len, at);
+        self.put_on_wire(entry.payload, entry.meta.len, entry.segments, at);
     }
 
     /// Tells the tap about a packet refused at the queue.
@@ -639,7 +682,7 @@ impl<P: Payload> Pipeline<P> {
         }
     }
 
-    fn put_on_wire(&mut self, payload: P, len: u32, departed: u64) {
+    fn put_on_wire(&mut self, payload: P, len: u32, segments: u32, departed: u64) {
         // The common case, one plain copy, moves the payload once.
         if let [
             Release {
@@ -648,7 +691,7 @@ impl<P: Payload> Pipeline<P> {
             },
         ] = self.releases[..]
         {
-            if self.wire.push(at.max(departed), len, payload) {
+            if self.wire.push(at.max(departed), len, segments, payload) {
                 self.stats.reordered += 1;
             }
             return;
@@ -681,26 +724,26 @@ impl<P: Payload> Pipeline<P> {
                 copy.corrupt(&mut self.rng);
                 self.stats.corrupted += 1;
             }
-            if self.wire.push(at.max(departed), len, copy) {
+            if self.wire.push(at.max(departed), len, segments, copy) {
                 self.stats.reordered += 1;
             }
         }
     }
 
-    fn fits(&self, state: &QueueState, len: u32) -> bool {
+    fn fits(&self, state: &QueueState, len: u32, segments: u32) -> bool {
         let bytes_ok = self.limits.bytes == 0
             || state.packets == 0 // a byte limit below one packet must not blackhole the link
             || state.bytes + u64::from(len) <= self.limits.bytes;
-        state.packets < self.limits.packets && bytes_ok
+        u64::from(state.packets) + u64::from(segments) <= u64::from(self.limits.packets) && bytes_ok
     }
 
-    fn drop(&mut self, cause: DropCause) -> EnqueueOutcome {
+    fn drop(&mut self, cause: DropCause, segments: u32) -> EnqueueOutcome {
         let counter = match cause {
             DropCause::QueueFull => &mut self.stats.drops.queue_full,
             DropCause::Aqm => &mut self.stats.drops.aqm,
             DropCause::Loss => &mut self.stats.drops.loss,
         };
-        *counter += 1;
+        *counter += u64::from(segments);
         EnqueueOutcome::Dropped(cause)
     }
 }

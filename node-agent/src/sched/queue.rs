@@ -26,6 +26,10 @@ impl QueueState {
 pub(crate) struct Entry<P> {
     pub payload: P,
     pub meta: PacketMeta,
+    /// Wire packets it stands for: more than one for a train (a super-packet a
+    /// plain rate-limited link charges and releases whole). Queue states and
+    /// limits count these, so a train takes the room its packets would.
+    pub segments: u32,
     /// When the packet arrived: it cannot leave earlier.
     pub arrival: u64,
     pub seq: u64,
@@ -82,9 +86,9 @@ impl<P> Queues<P> {
             state.head_len = entry.meta.len;
             state.head_seq = entry.seq;
         }
-        state.packets += 1;
+        state.packets += entry.segments;
         state.bytes += len;
-        self.packets += 1;
+        self.packets += u64::from(entry.segments);
         self.bytes += len;
         self.fifos[q].push_back(entry);
     }
@@ -94,10 +98,10 @@ impl<P> Queues<P> {
         let entry = fifo.pop_front()?;
         let len = u64::from(entry.meta.len);
         let state = &mut self.states[q];
-        state.packets -= 1;
+        state.packets -= entry.segments;
         state.bytes -= len;
         (state.head_len, state.head_seq) = fifo.front().map_or((0, 0), |e| (e.meta.len, e.seq));
-        self.packets -= 1;
+        self.packets -= u64::from(entry.segments);
         self.bytes -= len;
         Some(entry)
     }
@@ -133,6 +137,7 @@ mod tests {
         Entry {
             payload: seq,
             meta: PacketMeta::with_len(len),
+            segments: 1,
             arrival: 0,
             seq,
             depth_packets: 0,
