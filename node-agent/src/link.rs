@@ -562,25 +562,28 @@ fn offer_trains(
             let (_, wire_bytes) = offload.wire_size(&data);
             let mut meta = PacketMeta::from_ip(&data);
             meta.len = u32::try_from(wire_bytes).unwrap_or(u32::MAX);
-            let train = Packet {
+            let train = Outbound {
                 data,
                 label,
                 hops,
                 offload,
             };
-            if segments <= 1 || !pipeline.has_room(&meta, segments, now) {
-                if let Err(e) = finish_and_offer(pipeline, train, now) {
+            let refused = if segments <= 1 {
+                Some(train)
+            } else {
+                pipeline.enqueue_train(train, meta, segments, now).err()
+            };
+            if let Some(train) = refused {
+                let packet = Packet {
+                    data: train.data,
+                    label,
+                    hops,
+                    offload,
+                };
+                if let Err(e) = finish_and_offer(pipeline, packet, now) {
                     result = Err(e);
                 }
-                return;
             }
-            let out = Outbound {
-                data: train.data,
-                label,
-                hops,
-                offload,
-            };
-            pipeline.enqueue_segments(out, meta, segments, now);
         },
     )?;
     result
@@ -958,6 +961,33 @@ mod tests {
                 "segment {i} early by {} ns",
                 s - t
             );
+        }
+    }
+
+    /// A train that does not fit its queue is cut into its packets, so the
+    /// tail drop takes what it would take from the same burst of packets.
+    #[test]
+    fn a_train_that_overflows_its_queue_is_cut_into_packets() {
+        for limit in 1..=3 {
+            let params = pb::LinkParams {
+                rate_bps: 1_000_000_000,
+                queue_packets: limit,
+                ..Default::default()
+            };
+            let counts = |trains: bool| {
+                let mut pipeline = Pipeline::new(&params, MTU, 1).expect("valid parameters");
+                if trains {
+                    offer(&mut pipeline, super_packet(), 0).expect("valid");
+                } else {
+                    finish_and_offer(&mut pipeline, super_packet(), 0).expect("valid");
+                }
+                let s = pipeline.stats();
+                (s.enqueued, s.drops.queue_full)
+            };
+            assert_eq!(counts(true), counts(false), "queue limit {limit}");
+            if limit == 1 {
+                assert_eq!(counts(true), (2, 1), "the burst overflows a queue of one");
+            }
         }
     }
 

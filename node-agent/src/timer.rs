@@ -105,7 +105,9 @@ impl PreciseTimer {
         }
         // Only a lead makes the wake-up early: a timerfd armed for the
         // deadline itself never fires before it.
-        spin_until(deadline);
+        if !lead.is_zero() {
+            spin_until(deadline);
+        }
         Ok(())
     }
 

@@ -322,7 +322,8 @@ impl<P: Payload> Pipeline<P> {
 
     /// Offers a packet at `now`. Call `poll` afterwards: the packet may be due at once.
     pub fn enqueue(&mut self, payload: P, meta: PacketMeta, now: u64) -> EnqueueOutcome {
-        self.enqueue_segments(payload, meta, 1, now)
+        let q = self.queue_at(&meta, now);
+        self.admit(q, payload, meta, 1, now)
     }
 
     /// How many wire packets a train may hold on this link, if it takes
@@ -343,31 +344,42 @@ impl<P: Payload> Pipeline<P> {
         (n > 1).then_some(n)
     }
 
-    /// Whether a train of `len` bytes and `segments` packets fits the queue
-    /// it would join at `now`. A train that does not is cut into its packets,
-    /// so that the tail drop takes the packets that overflow, as it would
-    /// take them from the burst the train stands for.
-    pub fn has_room(&mut self, meta: &PacketMeta, segments: u32, now: u64) -> bool {
-        self.advance(now);
-        let q = self.classifier.classify(meta).min(self.queues.len() - 1);
-        let state = self.queues.states()[q];
-        self.fits(&state, meta.len, segments)
+    /// Offers a train of `segments` wire packets and `meta.len` bytes at
+    /// `now` on a link that takes trains. One that does not fit the queue it
+    /// would join is handed back, nothing counted: the caller cuts it into
+    /// its packets, so that the tail drop takes the packets that overflow, as
+    /// it would take them from the burst the train stands for.
+    pub fn enqueue_train(
+        &mut self,
+        payload: P,
+        meta: PacketMeta,
+        segments: u32,
+        now: u64,
+    ) -> Result<EnqueueOutcome, P> {
+        let q = self.queue_at(&meta, now);
+        if !self.fits(&self.queues.states()[q], meta.len, segments) {
+            return Err(payload);
+        }
+        Ok(self.admit(q, payload, meta, segments, now))
     }
 
-    /// Offers `segments` wire packets at `now` as one entry of `meta.len`
-    /// bytes: a train on a link that takes them, or one packet.
-    pub fn enqueue_segments(
+    /// The queue a packet joins at `now`, after everything due before `now`
+    /// has left, so the AQM and the scheduler see the queue as it is then.
+    fn queue_at(&mut self, meta: &PacketMeta, now: u64) -> usize {
+        self.advance(now);
+        self.classifier.classify(meta).min(self.queues.len() - 1)
+    }
+
+    /// Puts `segments` wire packets, as one entry, into queue `q` unless the
+    /// AQM or the queue's limits refuse them.
+    fn admit(
         &mut self,
+        q: usize,
         mut payload: P,
         meta: PacketMeta,
         segments: u32,
         now: u64,
     ) -> EnqueueOutcome {
-        let segments = segments.max(1);
-        // Let everything due before `now` leave first, so the AQM and the
-        // scheduler see the queue as it is at `now`.
-        self.advance(now);
-        let q = self.classifier.classify(&meta).min(self.queues.len() - 1);
         let state = self.queues.states()[q];
         let verdict = self.aqms[q].on_enqueue(&state, &meta, now, &mut self.rng);
         let refused = if verdict == Verdict::Drop {
