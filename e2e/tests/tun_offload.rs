@@ -1,7 +1,10 @@
 //! TUN offloads end to end, on a line a — b — c with kernel TCP (curl ←
 //! python http.server, iperf3): super-packets cross unimpaired links whole and
-//! arrive intact; a link that drops or shapes still acts on MTU-sized packets,
-//! so its loss rate and its rate are those configured.
+//! arrive intact, spliced through b's transit hop without entering user space
+//! (cut-through); a delay added and removed under a transfer switches b
+//! between splicing and its pipeline with no byte lost and no reconnection; a
+//! link that drops or shapes still acts on MTU-sized packets, so its loss rate
+//! and its rate are those configured.
 
 use nextmini_e2e::{
     Env, iperf3, link_counter, sha256_file, tcp_goodput, tcp_payload_ratio, write_random_file,
@@ -30,8 +33,9 @@ fn apply(env: &Env, yaml: &str) {
     env.apply_yaml(TOPOLOGY, yaml);
 }
 
-/// The agent's counter `name{…direction="…"}`, read from its metrics socket.
-fn agent_counter(env: &Env, node: &str, name: &str, direction: &str) -> u64 {
+/// The agent's counter `name{…label…}` (e.g. `direction="rx"`), read from its
+/// metrics socket.
+fn agent_counter(env: &Env, node: &str, name: &str, label: &str) -> u64 {
     let socket = env
         .state_dir
         .join(format!("metrics/{TOPOLOGY}/{node}.sock"));
@@ -42,9 +46,8 @@ fn agent_counter(env: &Env, node: &str, name: &str, direction: &str) -> u64 {
         .expect("request");
     let mut text = String::new();
     stream.read_to_string(&mut text).expect("response");
-    let label = format!("direction=\"{direction}\"");
     text.lines()
-        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(&label))
+        .find(|l| l.starts_with(&format!("{name}{{")) && l.contains(label))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse::<f64>().ok())
         .map(|v| v as u64)
@@ -56,26 +59,56 @@ fn super_packets(env: &Env, node: &str, direction: &str) -> u64 {
         env,
         node,
         "nextmini_agent_tun_super_packets_total",
-        direction,
+        &format!("direction=\"{direction}\""),
     )
+}
+
+/// Bytes b spliced from a-b onto b-c.
+fn spliced_at_b(env: &Env) -> u64 {
+    agent_counter(
+        env,
+        "b",
+        "nextmini_link_spliced_bytes_total",
+        "link=\"b-c\"",
+    )
+}
+
+fn connects_at_b(env: &Env) -> u64 {
+    ["a-b", "b-c"]
+        .iter()
+        .map(|l| {
+            agent_counter(
+                env,
+                "b",
+                "nextmini_link_connects_total",
+                &format!("link=\"{l}\""),
+            )
+        })
+        .sum()
 }
 
 /// Fetches the big file from a's web server in c and returns its sha256.
 fn fetch(env: &Env, out: &std::path::Path) -> String {
+    fetch_at(env, out, None)
+}
+
+/// [`fetch`], at most `limit` (curl's `--limit-rate`, e.g. "10M").
+fn fetch_at(env: &Env, out: &std::path::Path, limit: Option<&str>) -> String {
     let _ = std::fs::remove_file(out);
-    let fetched = env.exec(
-        "c",
-        &[
-            "curl",
-            "-s",
-            "--fail",
-            "--max-time",
-            "120",
-            "-o",
-            out.to_str().expect("path"),
-            "http://a:8000/big",
-        ],
-    );
+    let mut args = vec![
+        "curl",
+        "-s",
+        "--fail",
+        "--max-time",
+        "120",
+        "-o",
+        out.to_str().expect("path"),
+    ];
+    if let Some(limit) = limit {
+        args.extend(["--limit-rate", limit]);
+    }
+    args.push("http://a:8000/big");
+    let fetched = env.exec("c", &args);
     assert!(
         fetched.status.success(),
         "curl failed: {}",
@@ -98,19 +131,58 @@ fn super_packets_cross_clean_links_whole_and_impaired_links_act_per_packet() {
 
     // Unimpaired links: a's kernel hands its TUN reader super-packets, b
     // forwards them whole, c's kernel takes them whole, and every byte arrives.
-    let (a_rx, c_tx) = (
+    let (a_rx, c_tx, spliced0) = (
         super_packets(&env, "a", "rx"),
         super_packets(&env, "c", "tx"),
+        spliced_at_b(&env),
     );
     assert_eq!(fetch(&env, &got), expected, "50 MiB over clean links");
     let a_read = super_packets(&env, "a", "rx") - a_rx;
     let c_written = super_packets(&env, "c", "tx") - c_tx;
-    println!("clean links: a read {a_read} super-packets, c wrote {c_written} whole");
+    let spliced = spliced_at_b(&env) - spliced0;
+    println!(
+        "clean links: a read {a_read} super-packets, c wrote {c_written} whole, b spliced {:.1} MiB of {:.1}",
+        spliced as f64 / 1048576.0,
+        BIG as f64 / 1048576.0
+    );
     assert!(
         a_read > 100,
         "a's TUN gave {a_read} super-packets: is offload on?"
     );
     assert!(c_written > 100, "c wrote {c_written} super-packets whole");
+    assert!(
+        spliced >= BIG as u64 / 2,
+        "b spliced {spliced} of {BIG} bytes: the transit hop copied them"
+    );
+
+    // Live switch: b-c gets a delay in the middle of a paced transfer and loses
+    // it again; every byte arrives, no connection is replaced, and the hop
+    // splices only while b-c is transparent.
+    let connects0 = connects_at_b(&env);
+    let (during, after) = std::thread::scope(|scope| {
+        let transfer = scope.spawn(|| fetch_at(&env, &got, Some("10M")));
+        std::thread::sleep(Duration::from_millis(1200));
+        apply(&env, &manifest("delay: 5ms\n"));
+        std::thread::sleep(Duration::from_millis(300));
+        let during = spliced_at_b(&env);
+        std::thread::sleep(Duration::from_millis(800));
+        let after = spliced_at_b(&env);
+        apply(&env, &manifest(""));
+        assert_eq!(
+            transfer.join().expect("transfer thread"),
+            expected,
+            "50 MiB across two live switches"
+        );
+        (during, after)
+    });
+    assert_eq!(during, after, "b spliced onto b-c while it had a delay");
+    // The transfer may have ended with the switch back; the next one splices.
+    assert_eq!(fetch(&env, &got), expected, "50 MiB after the switches");
+    assert!(
+        spliced_at_b(&env) > after,
+        "b did not splice again once the delay was gone"
+    );
+    assert_eq!(connects_at_b(&env), connects0, "a link reconnected");
 
     // 1% loss on b-c: every MTU-sized packet has its own 1% chance. Had b
     // dropped whole super-packets, 1% of them would be ~1/40 of the segments.

@@ -32,6 +32,10 @@ pub struct LinkCounters {
     pub max_late_ns: AtomicU64,
     /// Packets dropped while a scenario held the link down (also in `drops`).
     pub drops_down: AtomicU64,
+    /// Bytes of frames this node moved onto the link's connection from
+    /// another link's with splice(2), never copied into user space (a
+    /// cut-through transit hop); also in `tx_bytes` as packet bytes.
+    pub spliced_bytes: AtomicU64,
     /// The fidelity guard's verdict on the last report window.
     pub unfaithful: AtomicBool,
 }

@@ -453,6 +453,7 @@ impl Dataplane {
         tracing::info!(node = %self.node, overlay = %identity.overlay, listen = %identity.listen, tun_offload = device.offload, "dataplane started");
         let context = LinkContext {
             processors,
+            routes: self.routes.clone(),
             quic,
             mtu: u32::from(mtu),
             auth: crate::link_auth::LinkKey::from_identity(&node.link_key_der),

@@ -102,6 +102,11 @@ pub struct FrameHeader {
 }
 
 impl FrameHeader {
+    /// Bytes of the whole frame on the wire, header included.
+    pub fn frame_len(&self) -> usize {
+        HEADER_LEN + self.payload_len as usize
+    }
+
     /// A fresh header as the first node of a path writes it.
     pub fn new(kind: FrameKind, label: u32, payload_len: u32) -> Self {
         Self {
@@ -139,6 +144,19 @@ pub fn encode_header(h: &FrameHeader, out: &mut impl BufMut) {
 /// soon as their bytes arrive, so garbage is rejected before waiting for a body that
 /// will never come.
 pub fn decode(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError> {
+    match decode_header(buf)? {
+        Some(header) if buf.len() >= header.frame_len() => {
+            let total = header.frame_len();
+            Ok(Some((header, total)))
+        }
+        _ => Ok(None),
+    }
+}
+
+/// The header at the start of `buf` as soon as its bytes are there, whether or
+/// not the payload is: what a reader needs to decide where the payload goes.
+/// Checked as [`decode`] checks it.
+pub fn decode_header(buf: &[u8]) -> Result<Option<FrameHeader>, FrameError> {
     let Some(len_bytes) = buf.first_chunk::<4>() else {
         return Ok(None);
     };
@@ -160,21 +178,16 @@ pub fn decode(buf: &[u8]) -> Result<Option<(FrameHeader, usize)>, FrameError> {
         None => return Ok(None),
         Some(&k) => FrameKind::from_u8(k).ok_or(FrameError::UnknownKind(k))?,
     };
-    let total = LEN_FIELD + len as usize;
     let Some(header) = buf.get(..HEADER_LEN) else {
         return Ok(None);
     };
-    if buf.len() < total {
-        return Ok(None);
-    }
-    let header = FrameHeader {
+    Ok(Some(FrameHeader {
         kind,
         flags: header[6],
         hops: u16::from_be_bytes([header[7], header[8]]),
         label: u32::from_be_bytes([header[9], header[10], header[11], header[12]]),
         payload_len: len - MIN_LEN as u32,
-    };
-    Ok(Some((header, total)))
+    }))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -7,6 +7,7 @@
 
 use crate::conn::Conn;
 use crate::counters::LinkCounters;
+use crate::cut_through::DirectFrame;
 use crate::frame::{DataFrame, FLAG_OFFLOAD, Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
 use crate::offload::{self, Offload};
 use crate::packet::Packet;
@@ -28,6 +29,8 @@ use tokio_util::codec::{FramedRead, FramedWrite};
 /// Hand-off between processors and the link task; the pipeline holds the real,
 /// configured queue.
 const HANDOFF_QUEUE: usize = 1024;
+/// Frames handed from other links' receiving tasks (cut-through), waiting.
+const DIRECT_QUEUE: usize = 256;
 /// Packets taken from the hand-off queue per wake-up.
 const INTAKE_BATCH: usize = 256;
 const BACKOFF_MIN: Duration = Duration::from_millis(50);
@@ -35,7 +38,7 @@ const BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Read buffer of a link connection: a read takes in as many frames as the
 /// socket holds (about 46 full-size ones), so a busy link decodes many per
 /// read syscall instead of five with tokio-util's default 8 KiB.
-const READ_BUFFER: usize = 64 * 1024;
+pub(crate) const READ_BUFFER: usize = 64 * 1024;
 /// Frames fed to the writer are written when it is flushed, in one write, up
 /// to this much (the default of 8 KiB wrote every sixth frame on its own).
 const WRITE_BOUNDARY: usize = 256 * 1024;
@@ -80,6 +83,8 @@ pub struct LinkSpec {
 #[derive(Clone)]
 pub struct LinkContext {
     pub processors: Processors,
+    /// The node's routes, for frames that cut through to their next link.
+    pub routes: crate::processor::Routes,
     pub quic: Option<quinn::Endpoint>,
     pub mtu: u32,
     /// Signs this node's link handshakes (the topology's link key).
@@ -93,6 +98,10 @@ pub struct LinkHandle {
     pub spec: LinkSpec,
     pub counters: Arc<LinkCounters>,
     queue: mpsc::Sender<Packet>,
+    direct: mpsc::Sender<DirectFrame>,
+    /// Set by the task while the link takes frames cut-through: connected over
+    /// TCP with a transparent pipeline.
+    cut_through: Arc<std::sync::atomic::AtomicBool>,
     attach: mpsc::Sender<Conn>,
     params: watch::Sender<pb::LinkParams>,
     /// Attaches a capture's tap to the pipeline.
@@ -126,6 +135,8 @@ impl LinkHandle {
         let seed = seed_for(&spec, context.seed);
         let pipeline = Pipeline::new(&params, context.mtu, seed)?;
         let (queue, queue_rx) = mpsc::channel(HANDOFF_QUEUE);
+        let (direct, direct_rx) = mpsc::channel(DIRECT_QUEUE);
+        let cut_through = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (attach, attach_rx) = mpsc::channel(4);
         let (stop, stop_rx) = watch::channel(());
         let (params_tx, params_rx) = watch::channel(params);
@@ -137,6 +148,8 @@ impl LinkHandle {
             counters: counters.clone(),
             context,
             queue: queue_rx,
+            direct: direct_rx,
+            cut_through: cut_through.clone(),
             attach: attach_rx,
             params: params_rx,
             taps: taps_rx,
@@ -150,6 +163,8 @@ impl LinkHandle {
             spec,
             counters,
             queue,
+            direct,
+            cut_through,
             attach,
             params: params_tx,
             taps,
@@ -165,6 +180,22 @@ impl LinkHandle {
         if self.down.load(Relaxed) {
             self.counters.count_down_drop();
         } else if self.queue.try_send(packet).is_err() {
+            self.counters.count_drop();
+        }
+    }
+
+    /// Whether frames may come straight from another link's receiving task
+    /// (`crate::cut_through`) rather than through the processors.
+    pub fn takes_cut_through(&self) -> bool {
+        self.cut_through.load(Relaxed) && !self.down.load(Relaxed)
+    }
+
+    /// Queues a frame from another link's receiving task; dropped as
+    /// [`LinkHandle::enqueue`] drops.
+    pub fn send_direct(&self, frame: DirectFrame) {
+        if self.down.load(Relaxed) {
+            self.counters.count_down_drop();
+        } else if self.direct.try_send(frame).is_err() {
             self.counters.count_drop();
         }
     }
@@ -270,6 +301,8 @@ struct LinkTask {
     counters: Arc<LinkCounters>,
     context: LinkContext,
     queue: mpsc::Receiver<Packet>,
+    direct: mpsc::Receiver<DirectFrame>,
+    cut_through: Arc<std::sync::atomic::AtomicBool>,
     attach: mpsc::Receiver<Conn>,
     params: watch::Receiver<pb::LinkParams>,
     taps: mpsc::Receiver<Box<dyn Tap>>,
@@ -363,16 +396,27 @@ impl LinkTask {
         let mut writer: FrameWriter = FramedWrite::new(writer, FrameCodec);
         writer.set_backpressure_boundary(WRITE_BOUNDARY);
         let (echo_tx, mut echo_rx) = mpsc::channel::<bytes::Bytes>(8);
-        let mut inbound = tokio::spawn(receive(
-            FramedRead::with_capacity(reader, FrameCodec, READ_BUFFER),
-            Receiver {
-                counters: self.counters.clone(),
-                processors: self.context.processors.clone(),
-                link: self.spec.name.clone(),
-                epoch: self.epoch,
-                echo: echo_tx,
-            },
-        ));
+        let rx = Receiver {
+            counters: self.counters.clone(),
+            processors: self.context.processors.clone(),
+            routes: self.context.routes.clone(),
+            pipes: crate::cut_through::PipePool::default(),
+            link: self.spec.name.clone(),
+            epoch: self.epoch,
+            echo: echo_tx,
+        };
+        let tcp = reader.tcp().is_some();
+        let mut inbound = tokio::spawn(async move {
+            if tcp {
+                crate::cut_through::receive(reader, rx).await
+            } else {
+                receive(
+                    FramedRead::with_capacity(reader, FrameCodec, READ_BUFFER),
+                    rx,
+                )
+                .await
+            }
+        });
         // The first probe goes at once, so the round trip is known early.
         let probe = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(probe);
@@ -384,12 +428,19 @@ impl LinkTask {
         };
         let mut wakeup: Option<u64> = None;
         let outcome = loop {
+            self.cut_through
+                .store(tcp && self.pipeline.is_transparent(), Relaxed);
             let deadline = wakeup.map(|ns| self.epoch + Duration::from_nanos(ns));
             let precise = holds_few_packets(self.pipeline.stats());
             tokio::select! {
                 packet = self.queue.recv() => {
                     let Some(packet) = packet else { break Outcome::Stopped };
                     self.intake(packet);
+                }
+                Some(frame) = self.direct.recv() => {
+                    if let Err(e) = self.direct_intake(frame, &mut writer).await {
+                        break Outcome::Broken(e);
+                    }
                 }
                 _ = async {
                     let deadline = deadline.unwrap_or_else(Instant::now);
@@ -446,6 +497,7 @@ impl LinkTask {
                 Err(e) => break Outcome::Broken(e),
             }
         };
+        self.cut_through.store(false, Relaxed);
         inbound.abort();
         drop(quic_connection);
         outcome
@@ -456,16 +508,93 @@ impl LinkTask {
         let mut next = Some(first);
         let mut taken = 0;
         while let Some(packet) = next.take() {
-            let now = self.now();
-            if let Err(e) = offer(&mut self.pipeline, packet, now) {
-                self.counters.count_drop();
-                tracing::debug!(link = %self.spec.name, error = %e, "offloaded packet dropped");
-            }
+            self.offer_one(packet);
             taken += 1;
             if taken < INTAKE_BATCH {
                 next = self.queue.try_recv().ok();
             }
         }
+    }
+
+    fn offer_one(&mut self, packet: Packet) {
+        let now = self.now();
+        if let Err(e) = offer(&mut self.pipeline, packet, now) {
+            self.counters.count_drop();
+            tracing::debug!(link = %self.spec.name, error = %e, "offloaded packet dropped");
+        }
+    }
+
+    /// Takes a frame from another link's receiving task, and whatever else is
+    /// waiting, so that one write carries them all: a write per frame would
+    /// make a TCP segment per frame, and every hop after this one would wake
+    /// up for each.
+    async fn direct_intake(
+        &mut self,
+        first: DirectFrame,
+        writer: &mut FrameWriter,
+    ) -> Result<(), String> {
+        let mut next = Some(first);
+        let mut taken = 0;
+        while let Some(frame) = next.take() {
+            self.take_direct(frame, writer).await?;
+            taken += 1;
+            if taken < INTAKE_BATCH {
+                next = self.direct.try_recv().ok();
+            }
+        }
+        Ok(())
+    }
+
+    /// A frame from another link's receiving task. A spliced one goes from its
+    /// pipe into the socket, after whatever the writer holds, if the link is
+    /// still transparent and holds no packet of before; otherwise it is read
+    /// out and takes the pipeline, so nothing is lost or overtaken.
+    async fn take_direct(
+        &mut self,
+        frame: DirectFrame,
+        writer: &mut FrameWriter,
+    ) -> Result<(), String> {
+        let (mut pipe, len, packets, bytes) = match frame {
+            DirectFrame::Copied(packet) => {
+                self.offer_one(packet);
+                return Ok(());
+            }
+            DirectFrame::Spliced {
+                pipe,
+                len,
+                packets,
+                bytes,
+            } => (pipe, len, packets, bytes),
+        };
+        let transparent = writer.get_ref().tcp().is_some() && self.pipeline.is_transparent();
+        if transparent && !self.pipeline.is_empty() {
+            // Copied frames taken just before this one go first.
+            self.transmit(writer).await?;
+        }
+        let passes = transparent && self.pipeline.is_empty();
+        if !passes {
+            let raw = pipe.drain().map_err(|e| format!("cut-through pipe: {e}"))?;
+            match crate::cut_through::packet_of(raw) {
+                Ok(packet) => self.offer_one(packet),
+                Err(e) => {
+                    self.counters.count_drop();
+                    tracing::debug!(link = %self.spec.name, error = %e, "cut-through frame dropped");
+                }
+            }
+            return Ok(());
+        }
+        SinkExt::<DataFrame>::flush(writer)
+            .await
+            .map_err(|e| e.to_string())?;
+        let Some(stream) = writer.get_ref().tcp() else {
+            return Err("cut-through on a link that is not TCP".into());
+        };
+        pipe.empty_into(stream, len)
+            .await
+            .map_err(|e| e.to_string())?;
+        self.counters.count_tx(packets, bytes);
+        self.counters.spliced_bytes.fetch_add(len as u64, Relaxed);
+        Ok(())
     }
 
     /// Sends every packet the pipeline releases now; returns when to look again.
@@ -721,58 +850,82 @@ fn keepalive(flags: u8, payload: bytes::Bytes) -> Frame {
 }
 
 /// What the receiving half needs.
-struct Receiver {
-    counters: Arc<LinkCounters>,
+pub(crate) struct Receiver {
+    pub(crate) counters: Arc<LinkCounters>,
     processors: Processors,
-    link: String,
+    pub(crate) routes: crate::processor::Routes,
+    pub(crate) pipes: crate::cut_through::PipePool,
+    pub(crate) link: String,
     epoch: Instant,
     echo: mpsc::Sender<bytes::Bytes>,
 }
 
-/// The receiving half: frames from the peer go to the processors; probes are
-/// echoed and echoes give the round trip. Returns why it stopped.
+/// The receiving half of a QUIC link: frames from the peer go to
+/// [`Receiver::take`]. Returns why it stopped. (A TCP link's is
+/// `crate::cut_through::receive`.)
 async fn receive(mut reader: FramedRead<crate::conn::Reader, FrameCodec>, rx: Receiver) -> String {
     while let Some(frame) = reader.next().await {
         let frame = match frame {
             Ok(f) => f,
             Err(e) => return format!("bad frame from peer of {}: {e}", rx.link),
         };
+        if let Err(e) = rx.take(frame).await {
+            return e;
+        }
+    }
+    format!("peer of {} closed the connection", rx.link)
+}
+
+impl Receiver {
+    /// A whole frame from the peer: a packet goes cut-through to its next link
+    /// if that one is transparent, else to the processors; probes are echoed
+    /// and echoes give the round trip. An error ends the connection.
+    pub(crate) async fn take(&self, frame: Frame) -> Result<(), String> {
         match frame.header.kind {
             FrameKind::Data => {
                 let (offload, data) = if frame.header.flags & FLAG_OFFLOAD != 0 {
-                    match Offload::split_wire(frame.payload) {
-                        Ok(split) => split,
-                        Err(e) => return format!("bad frame from peer of {}: {e}", rx.link),
-                    }
+                    Offload::split_wire(frame.payload)
+                        .map_err(|e| format!("bad frame from peer of {}: {e}", self.link))?
                 } else {
                     (Offload::default(), frame.payload)
                 };
                 let (packets, bytes) = offload.wire_size(&data);
-                rx.counters.count_rx(packets, bytes);
-                rx.processors
-                    .dispatch(Packet {
-                        data,
-                        label: frame.header.label,
-                        hops: frame.header.hops,
-                        offload,
-                    })
-                    .await;
+                self.counters.count_rx(packets, bytes);
+                let packet = Packet {
+                    data,
+                    label: frame.header.label,
+                    hops: frame.header.hops,
+                    offload,
+                };
+                match crate::cut_through::next_hop(
+                    &self.routes,
+                    &packet.data,
+                    packet.label,
+                    packet.hops,
+                ) {
+                    Some(hop) => hop.link.send_direct(DirectFrame::Copied(Packet {
+                        label: hop.label,
+                        hops: hop.hops,
+                        ..packet
+                    })),
+                    None => self.processors.dispatch(packet).await,
+                }
             }
             FrameKind::Keepalive if frame.header.flags & PROBE_REPLY == 0 => {
                 // A full echo queue means probes pile up; skipping one is harmless.
-                let _ = rx.echo.try_send(frame.payload);
+                let _ = self.echo.try_send(frame.payload);
             }
             FrameKind::Keepalive => {
                 if let Ok(sent) = <[u8; 8]>::try_from(&frame.payload[..]) {
-                    let now = rx.epoch.elapsed().as_nanos() as u64;
+                    let now = self.epoch.elapsed().as_nanos() as u64;
                     let rtt_ns = now.saturating_sub(u64::from_be_bytes(sent));
-                    rx.counters.rtt_us.store(rtt_ns / 1000, Relaxed);
+                    self.counters.rtt_us.store(rtt_ns / 1000, Relaxed);
                 }
             }
             FrameKind::Hello => {}
         }
+        Ok(())
     }
-    format!("peer of {} closed the connection", rx.link)
 }
 
 #[cfg(test)]

@@ -47,7 +47,7 @@ struct Args {
     #[arg(long, default_value = "nm0")]
     tun: String,
     /// Worker threads of the async runtime.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, env = "NEXTMINI_AGENT_THREADS", default_value_t = 2)]
     threads: usize,
     /// Serve Prometheus metrics on /metrics over HTTP on this Unix socket (mode 0600).
     #[arg(long, env = "NEXTMINI_METRICS_SOCKET")]

@@ -14,7 +14,7 @@
 //! packets, because [`finish`] runs before its pipeline. Only links that
 //! cannot tell a burst of segments from one super-packet pass it through.
 
-use bytes::{Bytes, BytesMut};
+use bytes::{Buf, Bytes, BytesMut};
 use thiserror::Error;
 
 /// virtio-net header flag: the transport checksum is to be finished.
@@ -123,12 +123,16 @@ impl Offload {
     /// Splits a frame payload carrying offload metadata into the metadata and
     /// the packet. The metadata is checked when the packet is used.
     pub fn split_wire(mut payload: Bytes) -> Result<(Offload, Bytes), OffloadError> {
-        if payload.len() < WIRE_LEN {
-            return Err(OffloadError::Truncated);
-        }
-        let w = payload.split_to(WIRE_LEN);
+        let offload = Offload::from_wire(&payload)?;
+        payload.advance(WIRE_LEN);
+        Ok((offload, payload))
+    }
+
+    /// The metadata at the start of a frame payload (see [`Offload::split_wire`]).
+    pub fn from_wire(payload: &[u8]) -> Result<Offload, OffloadError> {
+        let w: &[u8; WIRE_LEN] = payload.first_chunk().ok_or(OffloadError::Truncated)?;
         let u16_at = |i: usize| u16::from_be_bytes([w[i], w[i + 1]]);
-        let offload = Offload {
+        Ok(Offload {
             flags: w[0] & NEEDS_CSUM,
             gso_type: w[1],
             hdr_len: u16_at(2),
@@ -136,8 +140,7 @@ impl Offload {
             csum_start: u16_at(6),
             csum_offset: u16_at(8),
         }
-        .normalized();
-        Ok((offload, payload))
+        .normalized())
     }
 
     /// A GSO "packet" with nothing to cut is an ordinary one.
@@ -156,11 +159,16 @@ impl Offload {
     /// packet stands for, and the bytes they would take on a wire. A packet
     /// that does not parse counts as one.
     pub fn wire_size(&self, packet: &[u8]) -> (u64, u64) {
-        let len = packet.len() as u64;
+        self.wire_size_of(packet.len() as u64, packet)
+    }
+
+    /// [`Offload::wire_size`] of a `len`-byte packet of which only the first
+    /// bytes, `head`, are at hand (the rest is still in a kernel pipe).
+    pub fn wire_size_of(&self, len: u64, head: &[u8]) -> (u64, u64) {
         if !self.is_gso() || self.gso_size == 0 {
             return (1, len);
         }
-        let Ok(headers) = headers_len(self, packet) else {
+        let Ok(headers) = headers_len(self, head) else {
             return (1, len);
         };
         let payload = len.saturating_sub(headers as u64);

@@ -3,19 +3,21 @@
 //! them. It must die after exactly the topology's hop limit of link crossings,
 //! and the drop must be counted on the link the loop runs through.
 
+mod support;
+
 use arc_swap::ArcSwap;
 use bytes::Bytes;
 use nextmini_agent::counters::NodeCounters;
-use nextmini_agent::link::{LinkContext, LinkHandle, LinkSpec, Role, Transport};
+use nextmini_agent::link::{LinkHandle, LinkSpec, Role, Transport};
 use nextmini_agent::listener::{self, LinkMap};
 use nextmini_agent::packet::Packet;
-use nextmini_agent::processor::{Mapping, Outputs, Processors, Routes};
+use nextmini_agent::processor::{Processors, Routes};
 use nextmini_agent::routing::RouteTable;
 use nextmini_proto::v1 as pb;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use tokio::sync::mpsc;
 
 const TOPOLOGY: &str = "loop";
@@ -33,19 +35,13 @@ struct Node {
 }
 
 fn node(name: &str, peer: &str, role: Role) -> Node {
-    let routes: Routes = Arc::new(ArcSwap::from_pointee(RouteTable::empty()));
-    let counters = Arc::new(NodeCounters::default());
-    let (local, local_rx) = mpsc::channel(16);
-    let processors = Processors::spawn(
-        1,
-        Mapping::Sequential,
-        Outputs {
-            routes: routes.clone(),
-            local,
-            counters: counters.clone(),
-            synth: Default::default(),
-        },
-    );
+    let support::Dataplane {
+        routes,
+        counters,
+        processors,
+        context,
+        local,
+    } = support::dataplane(1400, 16);
     let spec = LinkSpec {
         topology: TOPOLOGY.into(),
         name: LINK.into(),
@@ -54,20 +50,13 @@ fn node(name: &str, peer: &str, role: Role) -> Node {
         role,
         transport: Transport::Tcp,
     };
-    let context = LinkContext {
-        processors: processors.clone(),
-        quic: None,
-        mtu: 1400,
-        auth: None,
-        seed: 0,
-    };
     let link = LinkHandle::spawn(spec, pb::LinkParams::default(), context).expect("link");
     Node {
         link,
         counters,
         processors,
         routes,
-        _local: local_rx,
+        _local: local,
     }
 }
 
@@ -107,14 +96,6 @@ fn udp_packet() -> Bytes {
     Bytes::from(p)
 }
 
-async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while !done() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// Two nodes joined by a real TCP link, `a` dialling `b`'s listener.
 async fn joined_pair() -> (Node, Node) {
     let listener = listener::bind("127.0.0.1:0".parse().expect("address"))
@@ -134,7 +115,7 @@ async fn joined_pair() -> (Node, Node) {
             peer: addr.to_string(),
         },
     );
-    wait_for("the link to connect", || {
+    support::wait_for("the link to connect", || {
         a.link.counters.connected.load(Relaxed) && b.link.counters.connected.load(Relaxed)
     })
     .await;
@@ -151,7 +132,7 @@ async fn a_loop_dies_at_the_hop_limit_and_is_counted_on_its_link() {
 
         let loop_drops =
             || a.link.counters.drops_loop.load(Relaxed) + b.link.counters.drops_loop.load(Relaxed);
-        wait_for("the looping packet's drop", || loop_drops() >= 1).await;
+        support::wait_for("the looping packet's drop", || loop_drops() >= 1).await;
         // Nothing else may be in flight: give a second drop time to show up.
         tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(loop_drops(), 1, "one packet, one drop");

@@ -9,16 +9,15 @@
 //! `nextmini_relay_splice_fallbacks_total` and logged as a warning. All of it goes
 //! through nix's safe wrappers: no `unsafe` here.
 
+use crate::pipe::{FLAGS, Pipe};
 use nix::errno::Errno;
-use nix::fcntl::{FcntlArg, OFlag, SpliceFFlags, fcntl, splice};
+use nix::fcntl::splice;
 use std::io;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use tokio::io::Interest;
 use tokio::net::TcpStream;
 
-/// Pipe capacity asked for (Linux's default limit for unprivileged processes).
-const PIPE_SIZE: i32 = 1 << 20;
 const COPY_BUFFER: usize = 64 * 1024;
 
 /// Where the relay's figures go.
@@ -90,40 +89,6 @@ fn refused(e: &io::Error) -> Option<Errno> {
     let errno = Errno::from_raw(e.raw_os_error()?);
     matches!(errno, Errno::EINVAL | Errno::ENOSYS | Errno::EOPNOTSUPP).then_some(errno)
 }
-
-struct Pipe {
-    read: OwnedFd,
-    write: OwnedFd,
-    size: usize,
-}
-
-impl Pipe {
-    fn new() -> io::Result<Pipe> {
-        let (read, write) = nix::unistd::pipe2(OFlag::O_NONBLOCK | OFlag::O_CLOEXEC)?;
-        // A bigger pipe moves more per call; the default (64 KiB) works too.
-        let size = fcntl(&write, FcntlArg::F_SETPIPE_SZ(PIPE_SIZE))
-            .ok()
-            .and_then(|s| usize::try_from(s).ok())
-            .unwrap_or(64 * 1024);
-        Ok(Pipe { read, write, size })
-    }
-
-    /// Reads out what is left in the pipe.
-    fn drain(&self) -> io::Result<Vec<u8>> {
-        let mut out = Vec::new();
-        let mut buf = vec![0u8; COPY_BUFFER];
-        loop {
-            match nix::unistd::read(&self.read, &mut buf) {
-                Ok(0) | Err(Errno::EAGAIN) => return Ok(out),
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(Errno::EINTR) => {}
-                Err(e) => return Err(e.into()),
-            }
-        }
-    }
-}
-
-const FLAGS: SpliceFFlags = SpliceFFlags::SPLICE_F_MOVE.union(SpliceFFlags::SPLICE_F_NONBLOCK);
 
 async fn splice_loop(
     from: &TcpStream,
@@ -225,15 +190,6 @@ fn shutdown_write(to: &TcpStream) {
 mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio::net::TcpListener;
-
-    /// A connected pair of sockets over loopback.
-    async fn pair() -> (TcpStream, TcpStream) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (client, accepted) = tokio::join!(TcpStream::connect(addr), listener.accept());
-        (client.expect("connect"), accepted.expect("accept").0)
-    }
 
     fn data(len: usize, seed: u8) -> Vec<u8> {
         (0..len)
@@ -244,8 +200,8 @@ mod tests {
     /// client ⇄ [a | relay | b] ⇄ server: both directions, then half-closes.
     #[tokio::test]
     async fn relays_both_directions_and_half_closes() {
-        let (mut client, a) = pair().await;
-        let (b, mut server) = pair().await;
+        let (mut client, a) = crate::pipe::loopback_pair().await;
+        let (b, mut server) = crate::pipe::loopback_pair().await;
         let bytes = AtomicU64::new(0);
         let fallbacks = AtomicU64::new(0);
         let up = data(3 << 20, 1);
@@ -291,8 +247,8 @@ mod tests {
 
     #[tokio::test]
     async fn copy_fallback_moves_the_same_bytes() {
-        let (mut client, a) = pair().await;
-        let (b, mut server) = pair().await;
+        let (mut client, a) = crate::pipe::loopback_pair().await;
+        let (b, mut server) = crate::pipe::loopback_pair().await;
         let bytes = AtomicU64::new(0);
         let up = data(1 << 20, 3);
         let (moved, _, got) = tokio::join!(
@@ -314,8 +270,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_reset_ends_the_relay() {
-        let (client, a) = pair().await;
-        let (b, server) = pair().await;
+        let (client, a) = crate::pipe::loopback_pair().await;
+        let (b, server) = crate::pipe::loopback_pair().await;
         let bytes = AtomicU64::new(0);
         let fallbacks = AtomicU64::new(0);
         // SO_LINGER 0: closing sends a reset.

@@ -153,6 +153,15 @@ impl Collector for DataplaneCollector {
         counters(
             e,
             &desc(
+                "nextmini_link_spliced",
+                Some(Unit::Bytes),
+                "Bytes of frames this node moved from another link's connection onto this one with splice(2), without copying them into user space (a cut-through transit hop)",
+            ),
+            per_link(|c| get(&c.spliced_bytes)),
+        )?;
+        counters(
+            e,
+            &desc(
                 "nextmini_link_late_packets",
                 None,
                 "Packets handed to the connection more than 1 ms after the emulated link released them (the fidelity guard)",

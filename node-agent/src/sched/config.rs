@@ -162,6 +162,13 @@ impl LinkConfig {
             && i.corrupt_ppm == 0
     }
 
+    /// True when the link does nothing to what it carries: no rate, no delay,
+    /// no impairment. A transit hop may move such a link's frames from one
+    /// connection to the next without its pipeline (`crate::cut_through`).
+    pub fn is_transparent(&self) -> bool {
+        self.passes_aggregates() && self.impairment.delay_ns == 0
+    }
+
     /// True when the link acts on packets only through a token bucket, a
     /// tail-drop FIFO and a fixed delay: the stages that charge by bytes and
     /// count packets, and would treat a burst of back-to-back segments as a

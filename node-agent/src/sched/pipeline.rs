@@ -788,6 +788,21 @@ impl<P> Pipeline<P> {
             .is_some_and(LinkConfig::passes_aggregates)
     }
 
+    /// See [`LinkConfig::is_transparent`]; never with a capture attached (it
+    /// records what the pipeline does) or for custom parts.
+    pub fn is_transparent(&self) -> bool {
+        self.tap.is_none()
+            && self
+                .applied
+                .as_ref()
+                .is_some_and(LinkConfig::is_transparent)
+    }
+
+    /// Nothing queued and nothing in flight.
+    pub fn is_empty(&self) -> bool {
+        self.stats.queued.packets == 0 && self.stats.in_flight == 0
+    }
+
     pub fn queue_count(&self) -> usize {
         self.queues.len()
     }
