@@ -222,6 +222,15 @@ pub(crate) async fn receive(reader: Reader, rx: Receiver) -> String {
         if let Some(header) = header {
             let total = header.frame_len();
             if buf.len() >= total {
+                // A frame that could have been spliced but came in whole with a
+                // bulk read: read the next ones in small steps, so that theirs
+                // stay in the socket (a paced sender's frames arrive whole).
+                if small_reads == 0
+                    && splices(&header)
+                    && next_hop_of(&buf[..total], header, &rx).is_some()
+                {
+                    small_reads = SMALL_READS_FOR;
+                }
                 let mut whole = buf.split_to(total);
                 whole.advance(HEADER_LEN);
                 let frame = Frame {
@@ -235,11 +244,7 @@ pub(crate) async fn receive(reader: Reader, rx: Receiver) -> String {
                 continue;
             }
             let head = HEADER_LEN + PEEK;
-            if header.kind == FrameKind::Data
-                && header.payload_len as usize >= SPLICE_MIN
-                && mode() == Mode::Splice
-                && !REFUSED.load(Relaxed)
-            {
+            if splices(&header) {
                 if buf.len() >= head {
                     match splice_through(stream, &mut buf, header, &rx).await {
                         Ok(true) => {
@@ -275,6 +280,35 @@ pub(crate) async fn receive(reader: Reader, rx: Receiver) -> String {
     }
 }
 
+/// Whether a frame with this header is spliced when its next link allows.
+fn splices(header: &FrameHeader) -> bool {
+    header.kind == FrameKind::Data
+        && header.payload_len as usize >= SPLICE_MIN
+        && mode() == Mode::Splice
+        && !REFUSED.load(Relaxed)
+}
+
+/// The next hop of the data frame whose header and first bytes are `frame`,
+/// if it cuts through; with the packet's offload metadata and the bytes of
+/// the packet in `frame`.
+fn next_hop_of<'a>(
+    frame: &'a [u8],
+    header: FrameHeader,
+    rx: &Receiver,
+) -> Option<(Hop, Offload, &'a [u8])> {
+    let payload = frame.get(HEADER_LEN..)?;
+    let (offload, packet) = if header.flags & FLAG_OFFLOAD != 0 {
+        (
+            Offload::from_wire(payload).ok()?,
+            payload.get(OFFLOAD_LEN..)?,
+        )
+    } else {
+        (Offload::default(), payload)
+    };
+    let hop = next_hop(&rx.routes, packet, header.label, header.hops)?;
+    Some((hop, offload, packet))
+}
+
 /// Splices the frame whose header and first bytes are in `buf` (and nothing
 /// after it) to its next hop, if that is a transparent link and a pipe is
 /// free. False when the frame must be read as usual.
@@ -285,21 +319,13 @@ async fn splice_through(
     rx: &Receiver,
 ) -> Result<bool, String> {
     let total = header.frame_len();
-    let payload = &buf[HEADER_LEN..];
-    let (offload, packet) = if header.flags & FLAG_OFFLOAD != 0 {
-        match Offload::from_wire(payload) {
-            Ok(o) => (o, &payload[OFFLOAD_LEN..]),
-            Err(_) => return Ok(false),
-        }
-    } else {
-        (Offload::default(), payload)
-    };
-    let Some(hop) = next_hop(&rx.routes, packet, header.label, header.hops) else {
+    let Some((hop, offload, packet)) = next_hop_of(buf, header, rx) else {
         return Ok(false);
     };
     let Some(mut lease) = rx.pipes.lease() else {
         return Ok(false);
     };
+    let payload = &buf[HEADER_LEN..];
     let packet_len = total - HEADER_LEN - (payload.len() - packet.len());
     let (packets, bytes) = offload.wire_size_of(packet_len as u64, packet);
     let mut head = BytesMut::with_capacity(buf.len());
