@@ -191,17 +191,7 @@ pub fn packet_of(raw: Vec<u8>) -> Result<Packet, String> {
         .map_err(|e| e.to_string())?
         .ok_or("a spliced frame is incomplete")?;
     let payload = Bytes::from(raw).slice(HEADER_LEN..total);
-    let (offload, data) = if header.flags & FLAG_OFFLOAD != 0 {
-        Offload::split_wire(payload).map_err(|e| e.to_string())?
-    } else {
-        (Offload::default(), payload)
-    };
-    Ok(Packet {
-        data,
-        label: header.label,
-        hops: header.hops,
-        offload,
-    })
+    Packet::from_frame(&header, payload).map_err(|e| e.to_string())
 }
 
 /// The receiving half of a TCP link: frames from the peer go to [`Receiver::take`],

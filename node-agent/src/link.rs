@@ -8,7 +8,7 @@
 use crate::conn::Conn;
 use crate::counters::LinkCounters;
 use crate::cut_through::DirectFrame;
-use crate::frame::{DataFrame, FLAG_OFFLOAD, Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
+use crate::frame::{DataFrame, Frame, FrameCodec, FrameHeader, FrameKind, LinkHello};
 use crate::offload::{self, Offload};
 use crate::packet::Packet;
 use crate::processor::Processors;
@@ -883,20 +883,10 @@ impl Receiver {
     pub(crate) async fn take(&self, frame: Frame) -> Result<(), String> {
         match frame.header.kind {
             FrameKind::Data => {
-                let (offload, data) = if frame.header.flags & FLAG_OFFLOAD != 0 {
-                    Offload::split_wire(frame.payload)
-                        .map_err(|e| format!("bad frame from peer of {}: {e}", self.link))?
-                } else {
-                    (Offload::default(), frame.payload)
-                };
-                let (packets, bytes) = offload.wire_size(&data);
+                let packet = Packet::from_frame(&frame.header, frame.payload)
+                    .map_err(|e| format!("bad frame from peer of {}: {e}", self.link))?;
+                let (packets, bytes) = packet.offload.wire_size(&packet.data);
                 self.counters.count_rx(packets, bytes);
-                let packet = Packet {
-                    data,
-                    label: frame.header.label,
-                    hops: frame.header.hops,
-                    offload,
-                };
                 match crate::cut_through::next_hop(
                     &self.routes,
                     &packet.data,

@@ -1,6 +1,7 @@
 //! What moves between the actors of the dataplane.
 
-use crate::offload::Offload;
+use crate::frame::{FLAG_OFFLOAD, FrameHeader};
+use crate::offload::{Offload, OffloadError};
 use bytes::Bytes;
 
 /// An IP packet on its way through this node.
@@ -19,6 +20,22 @@ pub struct Packet {
 impl Packet {
     pub fn from_tun(data: Bytes) -> Packet {
         Packet::offloaded(data, Offload::default())
+    }
+
+    /// The packet a data frame carries, with the offload metadata the frame
+    /// has before it when its flag says so.
+    pub fn from_frame(header: &FrameHeader, payload: Bytes) -> Result<Packet, OffloadError> {
+        let (offload, data) = if header.flags & FLAG_OFFLOAD != 0 {
+            Offload::split_wire(payload)?
+        } else {
+            (Offload::default(), payload)
+        };
+        Ok(Packet {
+            data,
+            label: header.label,
+            hops: header.hops,
+            offload,
+        })
     }
 
     /// A packet read from an offloading TUN device, with the kernel's header.

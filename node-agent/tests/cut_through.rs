@@ -78,9 +78,24 @@ fn start(plan: Plan) -> Node {
         let map: LinkMap = Arc::new(ArcSwap::from_pointee(links.clone()));
         tokio::spawn(listener::run_tcp(listener, TOPOLOGY.into(), map, None));
     }
+    install_routes(&routes, &links, &plan.routes);
+    Node {
+        counters,
+        processors,
+        routes,
+        links,
+        local,
+    }
+}
+
+/// Replaces the node's route table: (destination, link or "" for here).
+fn install_routes(
+    routes: &Routes,
+    links: &HashMap<String, Arc<LinkHandle>>,
+    plan: &[(Ipv4Addr, &'static str)],
+) {
     let table = pb::RouteTable {
         destinations: plan
-            .routes
             .iter()
             .map(|(addr, link)| pb::DestinationRoute {
                 node: addr.to_string(),
@@ -99,13 +114,6 @@ fn start(plan: Plan) -> Node {
     };
     let table = RouteTable::from_proto(&table, |n| links.get(n).cloned()).expect("valid table");
     routes.store(Arc::new(table));
-    Node {
-        counters,
-        processors,
-        routes,
-        links,
-        local,
-    }
 }
 
 async fn bind() -> (tokio::net::TcpListener, SocketAddr) {
@@ -334,4 +342,23 @@ async fn a_delayed_hop_is_never_spliced_and_uses_the_processors() {
         .get()
         .map_or(0, |p| p.iter().map(|c| c.0.load(Relaxed)).sum());
     assert_eq!(processed, 100, "and its packets go through b's processors");
+}
+
+/// A route change at b applies to the very next frame that cut through b:
+/// the route is looked up per frame, not cached with the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_change_applies_to_the_next_cut_through_frame() {
+    let (a, mut b, mut c) = line(Transport::Tcp).await;
+    let len = 40_000;
+    let (_, late) = tokio::join!(send(&a, 0..20, len), receive(&mut c, 0..20, len));
+    assert_eq!(late, 0);
+    assert!(spliced(&b) > 0, "b splices before the change");
+    // c's address is now b's own: frames for it end at b.
+    install_routes(&b.routes, &b.links, &[(C, ""), (A, "a-b")]);
+    let (_, late) = tokio::join!(send(&a, 20..40, len), receive(&mut b, 20..40, len));
+    assert_eq!(late, 0);
+    assert!(
+        c.local.try_recv().is_err(),
+        "a frame reached c after b's route changed"
+    );
 }
