@@ -103,6 +103,37 @@ def verdict(ok):
     return "**met**" if ok else "**missed**"
 
 
+def offloads(dev):
+    o = dev.get("offloads", {})
+    short = {"generic-segmentation-offload": "GSO", "tcp-segmentation-offload": "TSO",
+             "generic-receive-offload": "GRO"}
+    return ", ".join(f"{name} {o.get(key, '?').split()[0]}" for key, name in short.items())
+
+
+def devices_line(rows):
+    """What both sides' devices did with large packets, from the rows that recorded it."""
+    described = [r for r in rows if "devices" in r]
+    if not described:
+        return "Devices (MTU, GSO/GRO) not recorded for these rows."
+    d = described[0]["devices"]
+    tun, under, veth = d["nextmini"]["n0_tun"], d["nextmini"]["n0_underlay"], d["kernel_chain"]["client"]
+    older = len(rows) - len(described)
+    return (f"Devices (from bench/results/hops.json): Nextmini's TUN MTU {tun.get('mtu')} ({offloads(tun)}), "
+            f"its underlay veth MTU {under.get('mtu')} ({offloads(under)}); "
+            f"the kernel chain's veths MTU {veth.get('mtu')} ({offloads(veth)})"
+            + (f"; {older} older rows did not record them." if older else "."))
+
+
+def congestion_line(rows):
+    """The end-to-end flows' congestion control on both paths, from the rows that recorded it."""
+    seen = sorted({(r["congestion_control"].get("nextmini_n0"), r["congestion_control"].get("kernel_chain"),
+                    r["congestion_control"].get("nextmini_links")) for r in rows if "congestion_control" in r})
+    if not seen:
+        return ""
+    return " Congestion control (end-to-end flow in Nextmini / in the kernel chain / Nextmini's link sockets): " + \
+        "; ".join(" / ".join(str(x) for x in s) for s in seen) + " (DESIGN.md \"Congestion control on long paths\")."
+
+
 def section_hops(hops):
     p = hops["provenance"]
     size = hops["size_bytes"] / 1048576
@@ -117,7 +148,8 @@ def section_hops(hops):
         f"median of {hops['repetitions']} transfers per path, the paths taking turns. "
         f"Gbit/s as curl timed it. Measured {p['measured_at']} at commit {p['git_commit']} "
         f"on {p['cpus']} cores ({p['cpu_model']}, kernel {p['kernel']}). "
-        f"Nextmini MTU {hops['nextmini_mtu']}, kernel chain veth MTU {hops['kernel_chain_mtu']}.",
+        + devices_line(hops["rows"])
+        + congestion_line(hops["rows"]),
         "",
         "| hops | kernel chain | TUN | SOCKS normal | SOCKS max | loopback | TUN / kernel | SOCKS normal / kernel | SOCKS max / kernel | SOCKS max / loopback |",
         "|---|---|---|---|---|---|---|---|---|---|",

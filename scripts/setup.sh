@@ -53,10 +53,12 @@ fi
 # `scripts/setup.sh --bench` (what `make bench` runs) also installs matplotlib for
 # bench/plot.py, run by Debian's own /usr/bin/python3 so that a pyenv or venv
 # python on PATH does not matter, and `script` (util-linux) to give `nextmini up`
-# a terminal in the start-up benchmark.
+# a terminal in the start-up benchmark, and ethtool to record the offloads of the
+# devices on both sides of the hop benchmark.
 if [ "$mode" = --bench ]; then
   /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
   have script || need+=(bsdutils)
+  have ethtool || need+=(ethtool)
 fi
 
 if [ ${#need[@]} -gt 0 ]; then

@@ -20,9 +20,16 @@
 //! go to bench/results/hops.json; rows of hop counts not measured in this run
 //! are kept from the file.
 //!
+//! The kernel chain's veths get the MTU of n0's TUN device (Nextmini's overlay
+//! MTU), and every row records both sides' devices (MTU, GSO/GRO sizes and
+//! offloads, `bench::netdev`): n0's TUN device and underlay, the server's TUN
+//! device, and the chain's two ends; and the congestion control of the
+//! end-to-end flows (each namespace's default, the host's unless
+//! `NEXTMINI_BENCH_CONGESTION` names one for both ends of both paths).
+//!
 //! `sudo NEXTMINI_BIN_DIR=$PWD/target/release cargo run --release -p nextmini-e2e --example bench_hops -- 1 2 4 8 16 40`
 
-use nextmini_e2e::bench::{self, Transfer, chain::KernelChain, interrupt, median};
+use nextmini_e2e::bench::{self, Transfer, chain::KernelChain, interrupt, median, netdev};
 use nextmini_e2e::{Env, kill9, write_random_file};
 use serde_json::json;
 use std::path::Path;
@@ -32,6 +39,10 @@ use std::time::{Duration, Instant};
 const PATHS: [&str; 5] = ["kernel", "tun", "socks_normal", "socks_max", "loopback"];
 const MAX_TIME_SECS: u32 = 900;
 const HTTP_PORT: u16 = 8000;
+/// The agent's TUN device and the node's underlay interface (the agent's
+/// `--tun-name` default, the runtime's `UNDERLAY_IFACE`).
+const TUN_DEVICE: &str = "nm0";
+const UNDERLAY_DEVICE: &str = "eth0";
 
 fn env_number(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -159,8 +170,54 @@ fn measure_hops(
             dir_arg,
         ],
     );
-    let mut chain = KernelChain::build(hops)?;
+    let in_node = |node: &str| {
+        let node = node.to_string();
+        let env = &*env;
+        let topology = topology.clone();
+        move |args: &[&str]| {
+            let mut c = vec!["exec", "-t", &topology, &node, "--"];
+            c.extend_from_slice(args);
+            env.command(&c)
+        }
+    };
+    const CC: &str = "net.ipv4.tcp_congestion_control";
+    if let Ok(cc) = std::env::var("NEXTMINI_BENCH_CONGESTION") {
+        let set = format!("{CC}={cc}");
+        for node in ["n0", last.as_str()] {
+            netdev::sysctl_set(in_node(node), &set)?;
+        }
+    }
+    // The end-to-end flows' congestion control is each namespace's default
+    // (the host's at creation); the agents set their link sockets' own.
+    let mut congestion = json!({
+        "nextmini_n0": netdev::sysctl(in_node("n0"), CC)?,
+        // The agents' link sockets: the namespace's default unless this names one.
+        "nextmini_links": std::env::var("NEXTMINI_LINK_CONGESTION").unwrap_or_else(|_| "default".into()),
+    });
+    let nextmini_devices = json!({
+        "n0_tun": netdev::describe(in_node("n0"), TUN_DEVICE)?,
+        "n0_underlay": netdev::describe(in_node("n0"), UNDERLAY_DEVICE)?,
+        "server_tun": netdev::describe(in_node(&last), TUN_DEVICE)?,
+    });
+    let overlay_mtu = netdev::mtu(&nextmini_devices["n0_tun"])
+        .ok_or_else(|| anyhow::anyhow!("n0's {TUN_DEVICE} has no MTU"))?;
+    let mut chain = KernelChain::build(hops, overlay_mtu)?;
     chain.serve_http(dir, HTTP_PORT)?;
+    let chain_devices = json!({
+        "client": netdev::describe(|a| chain.command(0, a), chain.device(0))?,
+        "server": netdev::describe(|a| chain.command(hops, a), chain.device(hops))?,
+    });
+    if let Ok(cc) = std::env::var("NEXTMINI_BENCH_CONGESTION") {
+        let set = format!("{CC}={cc}");
+        for ns in [0, hops] {
+            netdev::sysctl_set(|a| chain.command(ns, a), &set)?;
+        }
+    }
+    congestion["kernel_chain"] = json!(netdev::sysctl(|a| chain.command(0, a), CC)?);
+    anyhow::ensure!(
+        netdev::mtu(&chain_devices["client"]) == Some(overlay_mtu),
+        "the kernel chain's MTU is not Nextmini's overlay MTU ({overlay_mtu}): {chain_devices}"
+    );
 
     let url_nextmini = format!("http://{last}:{HTTP_PORT}/file");
     let url_kernel = format!("http://{}:{HTTP_PORT}/file", chain.server_addr());
@@ -237,6 +294,8 @@ fn measure_hops(
         "namespaces": hops + 1,
         "measured_at": bench::provenance("")["measured_at"],
         "gbps": gbps,
+        "devices": {"nextmini": nextmini_devices, "kernel_chain": chain_devices},
+        "congestion_control": congestion,
         "samples_gbps": samples,
         "ratio": {
             "tun_vs_kernel": m("tun") / m("kernel"),
@@ -344,8 +403,6 @@ fn main() -> anyhow::Result<()> {
             "provenance": provenance,
             "size_bytes": size,
             "repetitions": reps,
-            "nextmini_mtu": 1400,
-            "kernel_chain_mtu": 1500,
             "targets": {"tun_vs_kernel": 1.0, "socks_max_vs_loopback": 0.9},
             "rows": rows,
         }),

@@ -16,6 +16,7 @@ pub mod synth;
 
 pub mod alloc;
 pub mod capture;
+pub mod congestion;
 pub mod conn;
 pub mod control;
 pub mod counters;

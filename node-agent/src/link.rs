@@ -775,6 +775,7 @@ async fn dial(
                 .map_err(|_| "connect timed out".to_string())?
                 .map_err(|e| e.to_string())?;
             stream.set_nodelay(true).map_err(|e| e.to_string())?;
+            crate::congestion::apply_to_link(&stream);
             let mut conn = Conn::tcp(stream);
             send_one(&mut conn, hello).await?;
             Ok(conn)

@@ -52,6 +52,7 @@ pub async fn run_tcp(
         if let Err(e) = stream.set_nodelay(true) {
             tracing::debug!(error = %e, "set_nodelay failed");
         }
+        crate::congestion::apply_to_link(&stream);
         spawn_handshake(
             Conn::tcp(stream),
             from,

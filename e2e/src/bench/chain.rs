@@ -1,7 +1,10 @@
 //! The kernel's own forwarding as a baseline: `hops + 1` network namespaces in
 //! a line, joined by `hops` veth pairs, with `ip_forward` on in the middle and
 //! static /32 routes towards the two ends. The same shape as a Nextmini line of
-//! `hops` links, but every hop is the kernel's IP forwarding.
+//! `hops` links, but every hop is the kernel's IP forwarding. The veths take
+//! the MTU they are given (Nextmini's overlay MTU, so both carry the same
+//! segments) and keep the kernel's default offloads (GSO on, GRO off on veth),
+//! which the benchmark records beside its figures.
 //!
 //! Namespaces are named `nmbench-<pid>-<seq>-<i>`: nothing else on the machine
 //! uses that prefix (Nextmini's are `nm-<tag>-…`), the pid lets a later run
@@ -48,7 +51,7 @@ fn link_addr(k: usize, right: bool) -> Ipv4Addr {
 impl KernelChain {
     /// Builds a chain of `hops` links (so `hops + 1` namespaces). Removes first
     /// what earlier, killed runs left.
-    pub fn build(hops: usize) -> Result<KernelChain, ChainError> {
+    pub fn build(hops: usize, mtu: u32) -> Result<KernelChain, ChainError> {
         if !(1..=250).contains(&hops) {
             return Err(ChainError::Hops(hops));
         }
@@ -68,11 +71,12 @@ impl KernelChain {
             servers: Vec::new(),
             registration,
         };
-        chain.plumb(hops)?;
+        chain.plumb(hops, mtu)?;
         Ok(chain)
     }
 
-    fn plumb(&self, hops: usize) -> Result<(), ChainError> {
+    fn plumb(&self, hops: usize, mtu: u32) -> Result<(), ChainError> {
+        let mtu = mtu.to_string();
         for i in 0..self.namespaces {
             run(&["ip", "netns", "add", &self.ns(i)])?;
             run(&["ip", "-n", &self.ns(i), "link", "set", "dev", "lo", "up"])?;
@@ -81,8 +85,8 @@ impl KernelChain {
             let (left, right) = (self.ns(k), self.ns(k + 1));
             // Created in `left` with its peer in `right`: nothing touches the host.
             run(&[
-                "ip", "-n", &left, "link", "add", "vr", "type", "veth", "peer", "name", "vl",
-                "netns", &right,
+                "ip", "-n", &left, "link", "add", "vr", "mtu", &mtu, "type", "veth", "peer",
+                "name", "vl", "mtu", &mtu, "netns", &right,
             ])?;
             let a = format!("{}/24", link_addr(k, false));
             let b = format!("{}/24", link_addr(k, true));
@@ -121,6 +125,12 @@ impl KernelChain {
     /// Namespace `i` (0: the client's end, `hops`: the server's).
     pub fn ns(&self, i: usize) -> String {
         format!("{}{i}", self.prefix)
+    }
+
+    /// The chain's device in namespace `i` that faces the server (`vr`), or
+    /// the client in the server's namespace (`vl`).
+    pub fn device(&self, i: usize) -> &'static str {
+        if i < self.hops() { "vr" } else { "vl" }
     }
 
     pub fn hops(&self) -> usize {

@@ -5,6 +5,7 @@
 
 pub mod chain;
 pub mod interrupt;
+pub mod netdev;
 
 use std::path::PathBuf;
 use std::process::Command;

@@ -37,6 +37,7 @@ pub async fn serve(listener: TcpListener, relay: Arc<Relay>) {
     loop {
         match listener.accept().await {
             Ok((stream, from)) => {
+                crate::congestion::apply_to_link(&stream);
                 let relay = relay.clone();
                 tokio::spawn(async move {
                     if let Err(e) = hop(stream, &relay).await {
@@ -214,6 +215,7 @@ async fn connect(addr: &str) -> Result<TcpStream, (Reply, String)> {
         })?
         .map_err(|e| (Reply::from_io(&e), format!("connecting to {addr}: {e}")))?;
     let _ = stream.set_nodelay(true);
+    crate::congestion::apply_to_link(&stream);
     Ok(stream)
 }
 
