@@ -181,10 +181,13 @@ fn measure_hops(
         }
     };
     const CC: &str = "net.ipv4.tcp_congestion_control";
-    if let Ok(cc) = std::env::var("NEXTMINI_BENCH_CONGESTION") {
-        let set = format!("{CC}={cc}");
+    // Both ends of both paths, when the run names an algorithm for the flows.
+    let set_flows_congestion = std::env::var("NEXTMINI_BENCH_CONGESTION")
+        .ok()
+        .map(|cc| format!("{CC}={cc}"));
+    if let Some(set) = &set_flows_congestion {
         for node in ["n0", last.as_str()] {
-            netdev::sysctl_set(in_node(node), &set)?;
+            netdev::sysctl_set(in_node(node), set)?;
         }
     }
     // The end-to-end flows' congestion control is each namespace's default
@@ -207,10 +210,9 @@ fn measure_hops(
         "client": netdev::describe(|a| chain.command(0, a), chain.device(0))?,
         "server": netdev::describe(|a| chain.command(hops, a), chain.device(hops))?,
     });
-    if let Ok(cc) = std::env::var("NEXTMINI_BENCH_CONGESTION") {
-        let set = format!("{CC}={cc}");
+    if let Some(set) = &set_flows_congestion {
         for ns in [0, hops] {
-            netdev::sysctl_set(|a| chain.command(ns, a), &set)?;
+            netdev::sysctl_set(|a| chain.command(ns, a), set)?;
         }
     }
     congestion["kernel_chain"] = json!(netdev::sysctl(|a| chain.command(0, a), CC)?);

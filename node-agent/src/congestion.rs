@@ -14,7 +14,7 @@
 use std::os::fd::AsFd;
 
 /// The algorithm link sockets get, `None` to leave the namespace's default.
-pub fn for_links() -> Option<&'static str> {
+fn for_links() -> Option<&'static str> {
     static CHOICE: std::sync::LazyLock<Option<String>> = std::sync::LazyLock::new(|| {
         choice(std::env::var("NEXTMINI_LINK_CONGESTION").ok().as_deref())
     });
@@ -49,7 +49,7 @@ fn apply(socket: &impl AsFd, name: &str) {
 }
 
 /// Sets a TCP socket's congestion control by name.
-pub fn set(socket: &impl AsFd, name: &str) -> nix::Result<()> {
+fn set(socket: &impl AsFd, name: &str) -> nix::Result<()> {
     nix::sys::socket::setsockopt(
         socket,
         nix::sys::socket::sockopt::TcpCongestion,
@@ -58,7 +58,8 @@ pub fn set(socket: &impl AsFd, name: &str) -> nix::Result<()> {
 }
 
 /// A TCP socket's congestion control.
-pub fn get(socket: &impl AsFd) -> nix::Result<String> {
+#[cfg(test)]
+fn get(socket: &impl AsFd) -> nix::Result<String> {
     let name = nix::sys::socket::getsockopt(socket, nix::sys::socket::sockopt::TcpCongestion)?;
     Ok(name.to_string_lossy().trim_end_matches('\0').to_string())
 }
