@@ -531,6 +531,7 @@ fn operator_runs_line3_on_a_real_cluster() {
         "--timeout=10s",
     ]);
     same_name_in_another_namespace(&c);
+    member_clusters_are_probed(&c);
 
     // kubectl delete leaves no pod, service, secret, row or finalizer.
     let t = Instant::now();
@@ -585,6 +586,279 @@ fn operator_runs_line3_on_a_real_cluster() {
     );
 
     packed_six_nodes_on_two_workers(&c);
+}
+
+/// Removes the test's MemberClusters (cluster-scoped, so the namespace's
+/// deletion would leave them) however the test ends.
+struct MemberClustersGone<'c>(&'c Cluster, Vec<String>);
+
+impl Drop for MemberClustersGone<'_> {
+    fn drop(&mut self) {
+        for name in &self.1 {
+            let _ = self
+                .0
+                .kubectl(&["delete", "membercluster", name, "--ignore-not-found"]);
+        }
+    }
+}
+
+/// Issue 17.1: the operator reaches a MemberCluster's API server with the
+/// kubeconfig of its Secret and writes what it found: the round trip and the
+/// version when it answers, the reason naming the server when it does not.
+/// Nodes placed in a member cluster are refused by name (pods in another
+/// cluster are not made yet) instead of running here.
+fn member_clusters_are_probed(c: &Cluster) {
+    let ns = &c.namespace;
+    let (reached, closed, secretless) = (
+        format!("{ns}-self"),
+        format!("{ns}-closed"),
+        format!("{ns}-nosecret"),
+    );
+    let _gone = MemberClustersGone(c, vec![reached.clone(), closed.clone(), secretless.clone()]);
+    let kubeconfig = std::fs::read_to_string(std::env::var("KUBECONFIG").expect("KUBECONFIG"))
+        .expect("reading KUBECONFIG");
+    // The same credentials at a port nothing listens on.
+    let server = kubeconfig
+        .lines()
+        .find_map(|l| l.trim().strip_prefix("server: "))
+        .expect("a server in the kubeconfig")
+        .to_owned();
+    let host = server.rsplit_once(':').map(|(h, _)| h).expect("host:port");
+    let refused = kubeconfig.replace(&server, &format!("{host}:1"));
+    for (secret, text) in [("self", &kubeconfig), ("closed", &refused)] {
+        let file = std::env::temp_dir().join(format!("nm-{ns}-{secret}.kubeconfig"));
+        std::fs::write(&file, text).expect("writing a kubeconfig");
+        c.ok(&[
+            "create",
+            "secret",
+            "generic",
+            &format!("member-{secret}"),
+            &format!("--from-file=kubeconfig={}", file.display()),
+        ]);
+        let _ = std::fs::remove_file(&file);
+    }
+    let member = |name: &str, secret: &str, region: &str| {
+        format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {name}}}\nspec:\n  region: {region}\n  kubeconfigSecretRef: {{namespace: {ns}, name: {secret}}}\n---\n"
+        )
+    };
+    let yaml = [
+        member(&reached, "member-self", "eu-west"),
+        member(&closed, "member-closed", "us-east"),
+        member(&secretless, "member-missing", "ap-south"),
+    ]
+    .concat();
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+
+    let field = |name: &str, path: &str| {
+        c.ok(&[
+            "get",
+            "membercluster",
+            name,
+            "-o",
+            &format!("jsonpath={{{path}}}"),
+        ])
+    };
+    let reachable = |name: &str, part: &str| {
+        field(
+            name,
+            &format!(r#".status.conditions[?(@.type=="Reachable")].{part}"#),
+        )
+    };
+    let t = Instant::now();
+    c.wait_for(
+        "the member clusters' probes",
+        Duration::from_secs(60),
+        || {
+            !reachable(&reached, "status").is_empty()
+                && !reachable(&closed, "status").is_empty()
+                && !reachable(&secretless, "status").is_empty()
+        },
+    );
+    println!(
+        "three member clusters probed in {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        reachable(&reached, "status"),
+        "True",
+        "{}",
+        reachable(&reached, "message")
+    );
+    let rtt = field(&reached, ".status.rtt");
+    let rtt_ms: f64 = rtt
+        .strip_suffix("ms")
+        .map(|v| v.parse().expect("a number of ms"))
+        .or_else(|| {
+            rtt.strip_suffix("us")
+                .map(|v| v.parse::<f64>().expect("µs") / 1000.0)
+        })
+        .or_else(|| {
+            rtt.strip_suffix("µs")
+                .map(|v| v.parse::<f64>().expect("µs") / 1000.0)
+        })
+        .unwrap_or_else(|| panic!("status.rtt {rtt:?}"));
+    assert!(
+        rtt_ms > 0.0 && rtt_ms < 50.0,
+        "a round trip on one machine: {rtt}"
+    );
+    assert_eq!(field(&reached, ".status.serverVersion"), c.server_version());
+    println!("member {reached}: rtt {rtt}");
+
+    assert_eq!(reachable(&closed, "status"), "False");
+    assert_eq!(reachable(&closed, "reason"), "Unreachable");
+    let said = reachable(&closed, "message");
+    assert!(
+        said.contains(&format!("{host}:1")),
+        "names the server: {said}"
+    );
+    assert_eq!(reachable(&secretless, "reason"), "SecretNotFound");
+    let said = reachable(&secretless, "message");
+    assert!(
+        said.contains("spec.kubeconfigSecretRef") && said.contains("member-missing"),
+        "names the field and the Secret: {said}"
+    );
+
+    second_control_plane_comes_and_goes(c, &field, &reachable);
+
+    // A node placed in the member cluster: refused by name, nothing started.
+    let wan = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: wan}}\nspec:\n  nodes: [{{name: a}}, {{name: b, cluster: {reached}}}]\n  links: [{{endpoints: [a, b], delay: 40ms}}]\n"
+    );
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &wan);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    c.wait_for("wan's Planned condition", Duration::from_secs(30), || {
+        !condition(c, "wan", "Planned").0.is_empty()
+    });
+    let (status, reason, message) = condition(c, "wan", "Planned");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", "MemberClusterUnsupported"),
+        "{message}"
+    );
+    assert!(message.contains(&format!("b in {reached}")), "{message}");
+    assert_eq!(
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=wan",
+            "-o",
+            "name"
+        ])
+        .trim(),
+        "",
+        "no pod of a refused topology"
+    );
+    c.ok(&["delete", "topology", "wan", "--timeout=60s"]);
+    c.ok(&["delete", "secret", "member-self", "member-closed"]);
+}
+
+/// On the project's own cluster (not a user's, `KUBECONFIG_EXTERNAL`): a
+/// second control plane of its own (`e2e/cluster/member.sh`) registered as a
+/// member goes away and comes back, and its MemberCluster follows within a
+/// probe interval each way, keeping the round trip it had measured.
+fn second_control_plane_comes_and_goes(
+    c: &Cluster,
+    field: &dyn Fn(&str, &str) -> String,
+    reachable: &dyn Fn(&str, &str) -> String,
+) {
+    let own = std::env::var("KUBECONFIG").unwrap_or_default();
+    if own != "/var/lib/nextmini-k8s/kubeconfig" {
+        println!("not the project's own cluster: no second control plane");
+        return;
+    }
+    let script = repo_path("e2e/cluster/member.sh");
+    let member = |arg: &str| {
+        let out = std::process::Command::new(&script)
+            .arg(arg)
+            .output()
+            .expect("running member.sh");
+        assert!(
+            out.status.success(),
+            "member.sh {arg}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    // Stopped however the test ends (down.sh would also stop it).
+    struct Stopped(std::path::PathBuf);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new(&self.0).arg("stop").output();
+        }
+    }
+    let _stopped = Stopped(script.clone());
+    let kubeconfig = member("start");
+    let name = format!("{}-second", c.namespace);
+    let _gone = MemberClustersGone(c, vec![name.clone()]);
+    c.ok(&[
+        "create",
+        "secret",
+        "generic",
+        "member-second",
+        &format!("--from-file=kubeconfig={kubeconfig}"),
+    ]);
+    let yaml = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {name}}}\nspec:\n  region: us-west\n  kubeconfigSecretRef: {{namespace: {}, name: member-second}}\n",
+        c.namespace
+    );
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    c.wait_for(
+        "the second control plane Reachable",
+        Duration::from_secs(30),
+        || reachable(&name, "status") == "True",
+    );
+    let rtt = field(&name, ".status.rtt");
+    assert!(!rtt.is_empty(), "a round trip to the second API server");
+
+    let t = Instant::now();
+    member("stop-apiserver");
+    c.wait_for("the member Unreachable", Duration::from_secs(40), || {
+        reachable(&name, "status") == "False"
+    });
+    println!(
+        "member gone: Unreachable after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    assert_eq!(
+        reachable(&name, "reason"),
+        "Unreachable",
+        "{}",
+        reachable(&name, "message")
+    );
+    assert_eq!(
+        field(&name, ".status.rtt"),
+        rtt,
+        "the round trip stays while it is away"
+    );
+
+    let t = Instant::now();
+    member("start-apiserver");
+    c.wait_for(
+        "the member Reachable again",
+        Duration::from_secs(40),
+        || reachable(&name, "status") == "True",
+    );
+    println!(
+        "member back: Reachable after {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+    c.ok(&["delete", "secret", "member-second"]);
 }
 
 /// Issue 17.5: a second team's topology also called line3, in its own

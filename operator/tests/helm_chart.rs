@@ -490,6 +490,17 @@ fn check_rbac(docs: &[Value]) {
         &["topologies/status", "links/status", "flows/status"],
         &["get", "patch", "update"],
     );
+    // MemberClusters: read, and their probe's status written.
+    grant(
+        &["nextmini.io"],
+        &["memberclusters"],
+        &["get", "list", "watch"],
+    );
+    grant(
+        &["nextmini.io"],
+        &["memberclusters/status"],
+        &["get", "patch", "update"],
+    );
     grant(
         &["nextmini.io"],
         &[

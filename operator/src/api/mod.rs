@@ -1,10 +1,12 @@
-//! Custom resources of group `nextmini.io`, version `v1alpha1`: `Topology`, `Link`, `Flow`.
+//! Custom resources of group `nextmini.io`, version `v1alpha1`: `Topology`, `Link`, `Flow`,
+//! `MemberCluster`.
 //!
 //! The doc comments become the CRD's field descriptions (`kubectl explain`), so they are
 //! written for users. Schema patterns, ranges and CEL rules reject what the API server
 //! can check on its own; `crate::plan` re-checks everything with better messages for
 //! local mode and for what needs the whole topology (unknown nodes, reachability).
 
+mod cluster;
 mod common;
 mod discipline;
 mod flow;
@@ -15,6 +17,10 @@ mod socks;
 mod topology;
 mod trace;
 
+pub use cluster::{
+    ExposureKind, ExposureSpec, MemberCluster, MemberClusterSpec, MemberClusterStatus, PeerRttSpec,
+    SecretKeySelector,
+};
 pub use common::{
     CidrError, Condition, ConditionStatus, DNS_LABEL_MAX, DNS_LABEL_PATTERN, Ipv4Cidr, Transport,
 };
@@ -34,7 +40,8 @@ pub use scenario::{
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
     AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
-    NodeSpec, Placement, ResourcesSpec, Topology, TopologySpec, TopologyStatus, TtlMode,
+    NodeSpec, Placement, RegionLinkSpec, ResourcesSpec, SpreadSpec, Topology, TopologySpec,
+    TopologyStatus, TtlMode,
 };
 pub use trace::{ConfigMapKey, TraceSpec, TraceTextError};
 

@@ -97,6 +97,55 @@ pub struct TopologySpec {
     /// under `nodes` and links from `links` or `Link` objects are added to them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub generator: Option<GeneratorSpec>,
+    /// Spreads the generated nodes over regions or member clusters in equal
+    /// contiguous blocks, in generation order (so a ring or line crosses each
+    /// boundary once). Listed nodes keep their own `cluster` or `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spread: Option<SpreadSpec>,
+    /// Link parameters between two regions (or inside one, when both names are the
+    /// same), e.g. a WAN delay: a link whose ends are in those regions inherits
+    /// them before its own fields, after `linkDefaults`. In a cluster the real
+    /// round trip between the two ends' clusters is subtracted from the delay
+    /// (half of it per direction), and a delay shorter than that is refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1024))]
+    pub region_links: Vec<RegionLinkSpec>,
+}
+
+/// How generated nodes are spread; set exactly one field.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[x_kube(validation = Rule::new("has(self.regions) != has(self.clusters)").message("set exactly one of regions, clusters"))]
+pub struct SpreadSpec {
+    /// Regions, in order: the first block of generated nodes goes to the first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 256),
+        inner(pattern(DNS_LABEL_PATTERN), length(max = 63))
+    )]
+    pub regions: Option<Vec<String>>,
+    /// MemberCluster names, in order.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 256), inner(length(min = 1, max = 253)))]
+    pub clusters: Option<Vec<String>>,
+}
+
+with_link_params! {
+    /// Parameters of the links between two regions.
+    #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    pub struct RegionLinkSpec {
+        /// The two regions; the same name twice means links inside that region.
+        /// Both directions get the parameters.
+        #[schemars(
+            length(min = 2, max = 2),
+            inner(pattern(DNS_LABEL_PATTERN), length(max = 63))
+        )]
+        pub regions: Vec<String>,
+        /// `tcp` or `quic` for these links; the link's own `transport` wins.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub transport: Option<Transport>,
+    }
 }
 
 /// Where virtual nodes run.
@@ -260,6 +309,17 @@ pub struct NodeSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(schema_with = "containers_schema")]
     pub containers: Vec<serde_json::Value>,
+    /// The MemberCluster the node runs in (default: the operator's own cluster;
+    /// one machine in namespace mode). Set this or `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub cluster: Option<String>,
+    /// The region the node runs in: a MemberCluster of that region is chosen
+    /// (the nodes of a region go round the region's clusters by name). Set this
+    /// or `cluster`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(pattern(DNS_LABEL_PATTERN), length(min = 1, max = 63))]
+    pub region: Option<String>,
 }
 
 fn containers_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {

@@ -7,7 +7,7 @@
 //! every topology in the namespace; decoded singly, the bad one is reported,
 //! naming its field, as the topology's `Planned=False` reason.
 
-use crate::api::{Flow, Link, Topology};
+use crate::api::{Flow, Link, MemberCluster, Topology};
 use crate::plan::{Doc, Manifest};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -38,6 +38,19 @@ pub async fn manifest(client: &Client, topology: &Topology) -> Result<Fetched, k
             });
         }
     }
+    // Cluster-scoped and few: every topology may place nodes in any of them.
+    let (clusters, bad_clusters) = cluster_scoped::<MemberCluster>(client, "membercluster").await?;
+    // Only a topology that places nodes depends on them (see `plan::sites`).
+    if crate::plan::uses_sites(&topology.spec) {
+        undecodable.extend(bad_clusters);
+    }
+    manifest.member_clusters = clusters
+        .into_iter()
+        .map(|object| Doc {
+            origin: format!("membercluster/{}", object.name_any()),
+            object,
+        })
+        .collect();
     Ok(Fetched {
         manifest,
         undecodable,
@@ -62,6 +75,27 @@ where
         o.metadata.deletion_timestamp.is_none() && topology_of(o).as_deref() == Some(topology)
     });
     items.sort_by_key(|o| o.name_any());
+    Ok(decode_all(items, kind))
+}
+
+/// Every object of the cluster-scoped kind `K`, sorted by name, and a message
+/// for each that does not decode.
+async fn cluster_scoped<K>(
+    client: &Client,
+    kind: &str,
+) -> Result<(Vec<K>, Vec<String>), kube::Error>
+where
+    K: Resource<DynamicType = ()> + DeserializeOwned,
+{
+    let resource = ApiResource::erase::<K>(&());
+    let api = Api::<DynamicObject>::all_with(client.clone(), &resource);
+    let mut items = api.list(&ListParams::default()).await?.items;
+    items.retain(|o| o.metadata.deletion_timestamp.is_none());
+    items.sort_by_key(|o| o.name_any());
+    Ok(decode_all(items, kind))
+}
+
+fn decode_all<K: DeserializeOwned>(items: Vec<DynamicObject>, kind: &str) -> (Vec<K>, Vec<String>) {
     let (mut decoded, mut undecodable) = (Vec::new(), Vec::new());
     for object in items {
         let name = object.name_any();
@@ -70,7 +104,7 @@ where
             Err(e) => undecodable.push(format!("{kind}/{name}: {e}")),
         }
     }
-    Ok((decoded, undecodable))
+    (decoded, undecodable)
 }
 
 /// `spec.topology` of an untyped Link or Flow, for the watch that maps it to
@@ -121,6 +155,7 @@ pub fn assemble(topology: &Topology, links: Vec<Link>, flows: Vec<Flow>) -> Mani
             })
             .collect(),
         config_maps: Vec::new(),
+        member_clusters: Vec::new(),
     }
 }
 

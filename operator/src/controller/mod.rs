@@ -7,19 +7,21 @@
 //! [`fetch`] (the objects) → [`validate`] (pure: the same planner as local mode)
 //! → [`build`] (pure: desired Kubernetes objects) → [`apply`] (store and API
 //! server) → [`status`] (pure conditions, written by server-side apply).
-//! [`orphans`] gives Links and Flows that name no Topology a condition saying so.
+//! [`orphans`] gives Links and Flows that name no Topology a condition saying so;
+//! [`member_clusters`] probes every MemberCluster and writes what it found.
 
 pub mod apply;
 pub mod build;
 pub mod fetch;
 pub mod health;
+pub mod member_clusters;
 pub mod members;
 pub mod orphans;
 pub mod pod_files;
 pub mod status;
 pub mod validate;
 
-use crate::api::{Flow, Link, Topology};
+use crate::api::{Flow, Link, MemberCluster, Topology};
 use crate::store::Store;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
@@ -151,8 +153,10 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         flow_resource.clone(),
         namespace.clone(),
     );
+    let probes = member_clusters::run(context.client.clone());
     let controller = Controller::new(topologies, watcher::Config::default());
     let known = controller.store();
+    let every_topology = controller.store();
     let topologies = controller
         .owns(pods, owned_pods)
         // A trace's ConfigMap edited: the topologies whose spec names it plan
@@ -166,6 +170,19 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
                 .map(|t| ObjectRef::from_obj(&*t))
                 .collect::<Vec<_>>()
         })
+        // A MemberCluster's region or measured round trip changes where nodes
+        // go and the delays of links between clusters: every topology plans again.
+        .watches(
+            Api::<MemberCluster>::all(context.client.clone()),
+            watcher::Config::default(),
+            move |_| {
+                every_topology
+                    .state()
+                    .into_iter()
+                    .map(|t| ObjectRef::from_obj(&*t))
+                    .collect::<Vec<_>>()
+            },
+        )
         .watches_with(
             links,
             link_resource,
@@ -186,7 +203,7 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
                 Err(e) => tracing::warn!(error = %e, "reconcile failed"),
             }
         });
-    futures::join!(topologies, orphan_links, orphan_flows);
+    futures::join!(topologies, orphan_links, orphan_flows, probes);
 }
 
 /// Whether a trace in the topology's spec reads the ConfigMap `name`.

@@ -76,6 +76,7 @@ pub fn validate(
             ),
         });
     }
+    remote_nodes(manifest, &plan)?;
     let containers = user_containers(topology)?;
     match plan.packing() {
         Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
@@ -94,6 +95,36 @@ pub fn validate(
         plan,
         containers,
         worker_image: topology.spec.worker_image.clone(),
+    })
+}
+
+/// Nodes placed in a MemberCluster other than the operator's own are refused
+/// by name: this operator does not yet create pods through another cluster's
+/// API server, and running them here instead would hide the WAN the user asked
+/// for.
+fn remote_nodes(manifest: &Manifest, plan: &Plan) -> Result<(), Invalid> {
+    let remote: Vec<&str> = manifest
+        .member_clusters
+        .iter()
+        .filter(|d| d.object.spec.kubeconfig_secret_ref.is_some())
+        .filter_map(|d| d.object.metadata.name.as_deref())
+        .collect();
+    let placed: Vec<String> = plan
+        .nodes
+        .iter()
+        .filter(|n| n.cluster.as_deref().is_some_and(|c| remote.contains(&c)))
+        .map(|n| format!("{} in {}", n.name, n.cluster.as_deref().unwrap_or_default()))
+        .collect();
+    let Some(first) = placed.first() else {
+        return Ok(());
+    };
+    Err(Invalid {
+        reason: "MemberClusterUnsupported",
+        message: format!(
+            "spec.nodes: {} node(s) are placed in another cluster ({first}{}): this operator runs nodes only in its own cluster so far (nodes without cluster or region, or in the MemberCluster without a kubeconfig); regions and regionLinks work inside one cluster, and `nextmini up` runs the whole topology on one machine",
+            placed.len(),
+            if placed.len() > 1 { ", ..." } else { "" }
+        ),
     })
 }
 

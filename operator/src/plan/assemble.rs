@@ -23,6 +23,23 @@ pub(crate) struct DraftNode<'a> {
     pub socks: &'a [SocksSpec],
     /// Field naming the node, e.g. `spec.nodes[2].name` or `spec.generator.ring`.
     pub field: String,
+    /// Where the node asked to run.
+    pub place: NodePlace<'a>,
+}
+
+/// Where a node asked to run, before `sites` resolves it.
+#[derive(Clone, Copy)]
+pub(crate) enum NodePlace<'a> {
+    /// Listed without `cluster` or `region`: the operator's own cluster.
+    Home,
+    /// Listed with `cluster` and/or `region` (`index` into `spec.nodes`).
+    Listed {
+        index: usize,
+        cluster: Option<&'a str>,
+        region: Option<&'a str>,
+    },
+    /// The `ordinal`-th generated node, placed by `spec.spread`.
+    Generated { ordinal: usize },
 }
 
 pub(crate) struct DraftLink<'a> {
@@ -40,6 +57,11 @@ pub(crate) struct DraftLink<'a> {
     pub backward: Option<LinkParamsSpec>,
     /// Prefix of the parameter fields, e.g. `spec` or `spec.links[1]`.
     pub params_field: String,
+    /// The `spec.regionLinks` entry between its ends' regions (set by `sites`).
+    pub region_link: Option<usize>,
+    /// The MemberClusters of its two ends (set by `sites`; None: where the
+    /// topology is).
+    pub clusters: [Option<String>; 2],
 }
 
 pub(crate) struct Draft<'a> {
@@ -48,6 +70,43 @@ pub(crate) struct Draft<'a> {
     pub nodes: Vec<DraftNode<'a>>,
     pub links: Vec<DraftLink<'a>>,
     pub flows: Vec<&'a Doc<Flow>>,
+    /// Where each node runs, parallel to `nodes` (set by `sites`).
+    pub sites: Vec<super::sites::Site>,
+    /// `linkDefaults`' parameters and path, made once (not per link).
+    pub defaults: Option<(LinkParamsSpec, String)>,
+    /// Each `regionLinks` entry's parameters and path.
+    pub region_templates: Vec<(LinkParamsSpec, String)>,
+}
+
+impl<'a> Draft<'a> {
+    /// The layers a link inherits before its own fields, least specific first,
+    /// each with its path: `linkDefaults`, then its regions' `regionLinks` entry.
+    pub(crate) fn inherited(&self, link: &DraftLink) -> Vec<(&LinkParamsSpec, &str)> {
+        let region = link.region_link.and_then(|i| self.region_templates.get(i));
+        self.defaults
+            .iter()
+            .chain(region)
+            .map(|(p, path)| (p, path.as_str()))
+            .collect()
+    }
+
+    /// Every layer of one direction of `link`, least specific first: what it
+    /// inherits, its own fields, the direction's override `over`, then `later`
+    /// (scenario events' sets, in order).
+    pub(crate) fn layers<'s>(
+        &'s self,
+        link: &'s DraftLink,
+        over: Option<&'s LinkParamsSpec>,
+        later: &[&'s LinkParamsSpec],
+    ) -> Vec<&'s LinkParamsSpec> {
+        self.inherited(link)
+            .into_iter()
+            .map(|(p, _)| p)
+            .chain([&link.params])
+            .chain(over)
+            .chain(later.iter().copied())
+            .collect()
+    }
 }
 
 pub(crate) fn name_of<T: kube::Resource>(object: &T) -> &str {
@@ -111,6 +170,17 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
         nodes: Vec::new(),
         links: Vec::new(),
         flows: group.flows.clone(),
+        sites: Vec::new(),
+        defaults: spec
+            .link_defaults
+            .as_ref()
+            .map(|d| (d.params(), "spec.linkDefaults".to_owned())),
+        region_templates: spec
+            .region_links
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.params(), format!("spec.regionLinks[{i}]")))
+            .collect(),
     };
 
     if let Some(generator) = &spec.generator {
@@ -132,12 +202,19 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                     let field = shape.path();
                     draft
                         .nodes
-                        .extend(generated.nodes.into_iter().map(|name| DraftNode {
-                            name,
-                            resources: None,
-                            socks: &[],
-                            field: field.to_owned(),
-                        }));
+                        .extend(
+                            generated
+                                .nodes
+                                .into_iter()
+                                .enumerate()
+                                .map(|(ordinal, name)| DraftNode {
+                                    name,
+                                    resources: None,
+                                    socks: &[],
+                                    field: field.to_owned(),
+                                    place: NodePlace::Generated { ordinal },
+                                }),
+                        );
                     draft
                         .links
                         .extend(generated.links.into_iter().map(|(a, b)| DraftLink {
@@ -151,6 +228,8 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                             forward: None,
                             backward: None,
                             params_field: field.to_owned(),
+                            region_link: None,
+                            clusters: [None, None],
                         }));
                 }
             }
@@ -164,6 +243,14 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
             resources: node.resources.as_ref(),
             socks: &node.socks,
             field: format!("spec.nodes[{i}].name"),
+            place: match (node.cluster.as_deref(), node.region.as_deref()) {
+                (None, None) => NodePlace::Home,
+                (cluster, region) => NodePlace::Listed {
+                    index: i,
+                    cluster,
+                    region,
+                },
+            },
         }));
 
     draft
@@ -186,6 +273,8 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
                 forward: link.forward.clone(),
                 backward: link.backward.clone(),
                 params_field: prefix,
+                region_link: None,
+                clusters: [None, None],
             }
         }));
 
@@ -202,6 +291,8 @@ pub(crate) fn draft<'a>(group: &Group<'a>, errors: &mut ValidationErrors) -> Dra
             forward: spec.forward.clone(),
             backward: spec.backward.clone(),
             params_field: "spec".to_owned(),
+            region_link: None,
+            clusters: [None, None],
         }
     }));
     draft

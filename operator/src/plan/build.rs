@@ -44,7 +44,7 @@ impl From<api::Transport> for Transport {
     }
 }
 
-pub(crate) fn plan(draft: &Draft) -> Plan {
+pub(crate) fn plan(draft: &Draft, clusters: &super::sites::Clusters) -> Plan {
     let spec = &draft.doc.object.spec;
     let overlay = spec.addressing.overlay.0;
     let underlay = spec.addressing.underlay.0;
@@ -61,7 +61,10 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         .enumerate()
         .map(|(i, node)| {
             let index = u32::try_from(i).unwrap_or(u32::MAX);
+            let site = draft.sites.get(i).cloned().unwrap_or_default();
             PlannedNode {
+                cluster: site.cluster,
+                region: site.region,
                 name: node.name.clone(),
                 index,
                 overlay: address::assign(overlay, index),
@@ -75,28 +78,32 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
         })
         .collect();
 
-    let defaults = spec.link_defaults.as_ref();
-    let defaults_params = defaults.map(|d| d.params());
-    let default_transport = defaults.and_then(|d| d.transport);
+    let default_transport = spec.link_defaults.as_ref().and_then(|d| d.transport);
     let mut links: Vec<PlannedLink> = draft
         .links
         .iter()
         .map(|link| {
             let endpoint = |i: usize| link.endpoints.get(i).cloned().unwrap_or_default();
+            // Checked by `sites::check_delays`: the delay covers the real one.
+            let real = super::sites::real_one_way(clusters, link)
+                .map_or(std::time::Duration::ZERO, |(d, _)| d);
             let direction = |over: Option<&api::LinkParamsSpec>| {
-                let layers: Vec<&api::LinkParamsSpec> = defaults_params
-                    .iter()
-                    .chain([&link.params])
-                    .chain(over)
-                    .collect();
-                resolve(&layers)
+                let layers = draft.layers(link, over, &[]);
+                let mut params = resolve(&layers);
+                params.delay = params.delay.map(|d| d.saturating_sub(real));
+                params
             };
+            let region_transport = link
+                .region_link
+                .and_then(|i| spec.region_links.get(i))
+                .and_then(|r| r.transport);
             PlannedLink {
                 name: link.name.clone(),
                 dialer: endpoint(0),
                 acceptor: endpoint(1),
                 transport: link
                     .transport
+                    .or(region_transport)
                     .or(default_transport)
                     .map_or(Transport::Tcp, Transport::from),
                 forward: direction(link.forward.as_ref()),
@@ -121,7 +128,7 @@ pub(crate) fn plan(draft: &Draft) -> Plan {
             .as_millis()
             .min(u128::from(u32::MAX)) as u32,
         seed: spec.seed,
-        scenario: super::scenario::build(draft),
+        scenario: super::scenario::build(draft, clusters),
         nodes,
         links,
         flows,

@@ -10,7 +10,7 @@ use super::model::{
     PlannedLink, RelayMode,
 };
 use super::routes::Graph;
-use crate::api::{self, FlowSpec, LinkParamsSpec};
+use crate::api::{self, FlowSpec};
 use crate::units::Size;
 use std::collections::{HashMap, HashSet};
 
@@ -337,19 +337,12 @@ fn crossing(path: &[String], endpoints: &[String]) -> Option<bool> {
 /// The rate of one direction of a draft link after inheritance, as the plan
 /// will have it.
 fn draft_rate(draft: &Draft, link: &DraftLink, forward: bool) -> Option<u64> {
-    let defaults = draft
-        .doc
-        .object
-        .spec
-        .link_defaults
-        .as_ref()
-        .map(|d| d.params());
     let over = if forward {
         link.forward.as_ref()
     } else {
         link.backward.as_ref()
     };
-    let layers: Vec<&LinkParamsSpec> = defaults.iter().chain([&link.params]).chain(over).collect();
+    let layers = draft.layers(link, over, &[]);
     // A trace's mean counts as the rate.
     super::params::resolve(&layers).mean_rate_bps()
 }

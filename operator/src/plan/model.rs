@@ -209,6 +209,10 @@ pub struct Dataplane {
 pub struct PlannedNode {
     pub name: String,
     pub index: u32,
+    /// The MemberCluster the node runs in (None: where the topology is).
+    pub cluster: Option<String>,
+    /// The node's region (`spec.nodes[].region`, `spec.spread`, or its cluster's).
+    pub region: Option<String>,
     pub overlay: Ipv4Addr,
     pub underlay: Ipv4Addr,
     pub resources: Resources,

@@ -23,18 +23,20 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
     let spec = &draft.doc.object.spec;
     let mtu = Some(spec.dataplane.mtu).filter(|m| MTU.contains(m));
     let mut reporter = Reporter::default();
-    let defaults_params = spec.link_defaults.as_ref().map(|d| d.params());
-    let defaults = defaults_params.as_ref().map(|spec| Layer {
-        spec,
-        document: &draft.doc.origin,
-        prefix: "spec.linkDefaults".to_owned(),
-        defaults: true,
-    });
-    if let Some(defaults) = &defaults {
-        reporter.check_set(defaults, mtu, errors);
-        reporter.check_direction(std::slice::from_ref(defaults), errors);
+    let document = draft.doc.origin.as_str();
+    // Templates links fill in: each on its own, then as the links inherit them.
+    for (spec, prefix) in draft.defaults.iter().chain(&draft.region_templates) {
+        let template = Layer {
+            spec,
+            document,
+            prefix: prefix.clone(),
+            defaults: true,
+        };
+        reporter.check_set(&template, mtu, errors);
+        reporter.check_direction(std::slice::from_ref(&template), errors);
     }
     for link in &draft.links {
+        let inherited = draft.inherited(link);
         let own = Layer {
             spec: &link.params,
             document: link.document,
@@ -43,7 +45,7 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
         };
         reporter.check_set(&own, mtu, errors);
         for (name, over) in [("forward", &link.forward), ("backward", &link.backward)] {
-            let mut layers: Vec<Layer> = defaults.iter().cloned().collect();
+            let mut layers = inherited_layers(&inherited, document);
             layers.push(own.clone());
             if let Some(spec) = over {
                 let over = Layer {
@@ -58,6 +60,22 @@ pub(crate) fn check(draft: &Draft, errors: &mut ValidationErrors) {
             reporter.check_direction(&layers, errors);
         }
     }
+}
+
+/// `Draft::inherited`'s layers as templates (what they leave unset is no error).
+fn inherited_layers<'a>(
+    inherited: &[(&'a LinkParamsSpec, &str)],
+    document: &'a str,
+) -> Vec<Layer<'a>> {
+    inherited
+        .iter()
+        .map(|(spec, prefix)| Layer {
+            spec,
+            document,
+            prefix: (*prefix).to_owned(),
+            defaults: true,
+        })
+        .collect()
 }
 
 /// A scenario event's `set` (`prefix`, e.g. `spec.scenario.events[2].set`): on
@@ -75,7 +93,7 @@ pub(crate) fn check_event(
     let mtu = Some(spec.dataplane.mtu).filter(|m| MTU.contains(m));
     let mut reporter = Reporter::default();
     let document = draft.doc.origin.as_str();
-    let defaults_params = spec.link_defaults.as_ref().map(|d| d.params());
+    let inherited = draft.inherited(link);
     let this = Layer {
         spec: set,
         document,
@@ -84,15 +102,7 @@ pub(crate) fn check_event(
     };
     reporter.check_set(&this, mtu, errors);
     for (name, over) in [("forward", &link.forward), ("backward", &link.backward)] {
-        let mut layers: Vec<Layer> = defaults_params
-            .iter()
-            .map(|spec| Layer {
-                spec,
-                document,
-                prefix: "spec.linkDefaults".to_owned(),
-                defaults: true,
-            })
-            .collect();
+        let mut layers = inherited_layers(&inherited, document);
         layers.push(Layer {
             spec: &link.params,
             document: link.document,

@@ -7,7 +7,7 @@
 //! only then does serde_norway track the field path (`spec.endpoints[1]`) and the line.
 
 use super::errors::{FieldError, ValidationErrors, WHOLE_DOCUMENT};
-use crate::api::{API_VERSION, Flow, Link, Topology};
+use crate::api::{API_VERSION, Flow, Link, MemberCluster, Topology};
 use k8s_openapi::api::core::v1::ConfigMap;
 use serde::Deserialize;
 use serde_norway::{Deserializer, Mapping, Value};
@@ -30,6 +30,8 @@ pub struct Manifest {
     /// ConfigMaps that traces may name (`trace.configMap`), as a cluster would
     /// hold them beside the topology.
     pub config_maps: Vec<Doc<ConfigMap>>,
+    /// Clusters nodes may be placed in (`spec.nodes[].cluster`, regions).
+    pub member_clusters: Vec<Doc<MemberCluster>>,
 }
 
 impl Manifest {
@@ -39,10 +41,11 @@ impl Manifest {
         self.links.extend(other.links);
         self.flows.extend(other.flows);
         self.config_maps.extend(other.config_maps);
+        self.member_clusters.extend(other.member_clusters);
     }
 }
 
-const KINDS: &str = "Topology, Link, Flow (nextmini.io/v1alpha1) or ConfigMap (v1)";
+const KINDS: &str = "Topology, Link, Flow, MemberCluster (nextmini.io/v1alpha1) or ConfigMap (v1)";
 const TOP_LEVEL_FIELDS: &[&str] = &["apiVersion", "kind", "metadata", "spec", "status"];
 const CONFIG_MAP_FIELDS: &[&str] = &[
     "apiVersion",
@@ -78,6 +81,7 @@ enum Kind {
     Topology,
     Link,
     Flow,
+    MemberCluster,
     ConfigMap,
 }
 
@@ -155,6 +159,8 @@ pub fn parse_manifest(source: &str, text: &str) -> Result<Manifest, ValidationEr
                 .map(|object| manifest.links.push(Doc { origin, object })),
             Kind::Flow => Flow::deserialize(document)
                 .map(|object| manifest.flows.push(Doc { origin, object })),
+            Kind::MemberCluster => MemberCluster::deserialize(document)
+                .map(|object| manifest.member_clusters.push(Doc { origin, object })),
             Kind::ConfigMap => ConfigMap::deserialize(document)
                 .map(|object| manifest.config_maps.push(Doc { origin, object })),
         };
@@ -229,6 +235,7 @@ fn check_header(
             "Topology" => Some(Kind::Topology),
             "Link" => Some(Kind::Link),
             "Flow" => Some(Kind::Flow),
+            "MemberCluster" => Some(Kind::MemberCluster),
             "ConfigMap" => Some(Kind::ConfigMap),
             _ => {
                 errors.push(

@@ -255,12 +255,11 @@ fn check_link_event<'d>(
 }
 
 /// The planned events; call only on a checked draft.
-pub(crate) fn build(draft: &Draft) -> Vec<PlannedEvent> {
+pub(crate) fn build(draft: &Draft, clusters: &super::sites::Clusters) -> Vec<PlannedEvent> {
     let spec = &draft.doc.object.spec;
     let Some(scenario) = &spec.scenario else {
         return Vec::new();
     };
-    let defaults = spec.link_defaults.as_ref().map(|d| d.params());
     let links: HashMap<&str, &DraftLink> =
         draft.links.iter().map(|l| (l.name.as_str(), l)).collect();
     let mut sets: HashMap<&str, Vec<&LinkParamsSpec>> = HashMap::new();
@@ -296,14 +295,14 @@ pub(crate) fn build(draft: &Draft) -> Vec<PlannedEvent> {
                 (Some(set), _) => {
                     let earlier = sets.entry(link.name.as_str()).or_default();
                     earlier.push(set);
+                    // As for the link itself (`sites::check_delays` checked it).
+                    let real = super::sites::real_one_way(clusters, link)
+                        .map_or(std::time::Duration::ZERO, |(d, _)| d);
                     let direction = |over: Option<&LinkParamsSpec>| {
-                        let layers: Vec<&LinkParamsSpec> = defaults
-                            .iter()
-                            .chain([&link.params])
-                            .chain(over)
-                            .chain(earlier.iter().copied())
-                            .collect();
-                        resolve(&layers)
+                        let layers = draft.layers(link, over, earlier);
+                        let mut params = resolve(&layers);
+                        params.delay = params.delay.map(|d| d.saturating_sub(real));
+                        params
                     };
                     EventChange::Params(Box::new(DirectionPair {
                         forward: direction(link.forward.as_ref()),

@@ -156,7 +156,7 @@ fn parse_errors_name_document_field_and_reason() {
         &errors,
         "bad-parse.yaml document 4 (Router/r1)",
         "kind",
-        "unknown kind \"Router\"; expected Topology, Link, Flow (nextmini.io/v1alpha1) or ConfigMap (v1)",
+        "unknown kind \"Router\"; expected Topology, Link, Flow, MemberCluster (nextmini.io/v1alpha1) or ConfigMap (v1)",
     );
     expect(
         &errors,

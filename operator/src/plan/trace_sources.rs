@@ -83,6 +83,11 @@ fn for_each_trace(m: &mut Manifest, mut f: impl FnMut(&str, &str, &mut TraceSpec
         if let Some(trace) = spec.link_defaults.as_mut().and_then(|d| d.trace.as_mut()) {
             f(&doc.origin, "spec.linkDefaults", trace);
         }
+        for (i, region) in spec.region_links.iter_mut().enumerate() {
+            if let Some(trace) = region.trace.as_mut() {
+                f(&doc.origin, &format!("spec.regionLinks[{i}]"), trace);
+            }
+        }
         for (i, link) in spec.links.iter_mut().enumerate() {
             let at = format!("spec.links[{i}]");
             if let Some(trace) = link.trace.as_mut() {

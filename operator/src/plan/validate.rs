@@ -297,6 +297,14 @@ pub fn local_warnings(m: &super::Manifest) -> Vec<String> {
             }
         }
     }
+    for doc in &m.member_clusters {
+        if doc.object.spec.kubeconfig_secret_ref.is_some() {
+            warnings.push(format!(
+                "{}: in namespace mode every node runs on this machine; its nodes keep their region's link parameters, and no real round trip is subtracted from their delays",
+                doc.origin
+            ));
+        }
+    }
     warnings
 }
 

@@ -141,10 +141,10 @@ async fn insert_nodes(
     // pooled connection).
     let nodes = &plan.nodes;
     sqlx::query(
-        "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256, socks) \
-         SELECT $1, name, idx, overlay, underlay, cpu, memory, sha256, socks::jsonb \
-         FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::bigint[], $8::text[], $9::text[]) \
-           AS n(name, idx, overlay, underlay, cpu, memory, sha256, socks)",
+        "INSERT INTO nodes (topology_id, name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, credential_sha256, socks, cluster, region) \
+         SELECT $1, name, idx, overlay, underlay, cpu, memory, sha256, socks::jsonb, cluster, region \
+         FROM unnest($2::text[], $3::int[], $4::text[], $5::text[], $6::int[], $7::bigint[], $8::text[], $9::text[], $10::text[], $11::text[]) \
+           AS n(name, idx, overlay, underlay, cpu, memory, sha256, socks, cluster, region)",
     )
     .bind(id)
     .bind(nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>())
@@ -160,6 +160,8 @@ async fn insert_nodes(
             .collect::<Vec<_>>(),
     )
     .bind(socks)
+    .bind(nodes.iter().map(|n| n.cluster.as_deref()).collect::<Vec<_>>())
+    .bind(nodes.iter().map(|n| n.region.as_deref()).collect::<Vec<_>>())
     .execute(&mut **tx)
     .await?;
     Ok(())
@@ -237,7 +239,7 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
         .map_err(|e| corrupt(format!("underlay: {e}")))?;
     let mut faults = Vec::new();
     let nodes = sqlx::query(
-        "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, socks::text AS socks FROM nodes WHERE topology_id = $1 ORDER BY idx",
+        "SELECT name, idx, overlay_addr, underlay_addr, cpu_millis, memory_bytes, socks::text AS socks, cluster, region FROM nodes WHERE topology_id = $1 ORDER BY idx",
     )
     .bind(id)
     .fetch_all(pool)
@@ -258,6 +260,8 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
         };
         Ok(PlannedNode {
             index: r.get::<i32, _>("idx") as u32,
+            cluster: r.get("cluster"),
+            region: r.get("region"),
             overlay: r
                 .get::<String, _>("overlay_addr")
                 .parse()

@@ -68,6 +68,7 @@ fn documents_of(source: &str, topology: &str) -> anyhow::Result<String> {
     push_all(&mut out, &own.links)?;
     push_all(&mut out, &own.flows)?;
     push_all(&mut out, &own.config_maps)?;
+    push_all(&mut out, &own.member_clusters)?;
     Ok(out)
 }
 
@@ -82,6 +83,8 @@ fn own_objects(mut m: Manifest, topology: &str) -> Manifest {
         links: m.links,
         flows: m.flows,
         config_maps: Vec::new(),
+        // Any node may name any of them.
+        member_clusters: m.member_clusters,
     };
     let read = plan::trace_sources::referenced(&mut own);
     own.config_maps = m

@@ -38,7 +38,7 @@ pub fn load(file: &Path) -> anyhow::Result<(String, Vec<Plan>)> {
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| file.display().to_string());
     let manifest = plan::parse_manifest(&source, &text).map_err(invalid)?;
-    let mut plans = plan::plan_manifest(&manifest).map_err(invalid)?;
+    let mut plans = plan::plan_manifest_here(&manifest).map_err(invalid)?;
     plan::check_local(&manifest).map_err(invalid)?;
     // A topology that names its namespace is known by both, as in a cluster:
     // two manifests may each bring a "wan" in their own namespace.
@@ -78,8 +78,15 @@ pub fn print_plan(file: &Path) -> anyhow::Result<i32> {
             p.links.len()
         );
         for n in &p.nodes {
+            let mut site = String::new();
+            if let Some(region) = &n.region {
+                site.push_str(&format!("  region {region}"));
+            }
+            if let Some(cluster) = &n.cluster {
+                site.push_str(&format!("  cluster {cluster}"));
+            }
             println!(
-                "  node {:<12} overlay {:<15} underlay {}",
+                "  node {:<12} overlay {:<15} underlay {}{site}",
                 n.name, n.overlay, n.underlay
             );
             for s in &n.socks {
