@@ -857,6 +857,7 @@ fn default_values_render_the_operator_rbac_postgresql_and_dashboards() {
         BTreeSet::from([
             "flows.nextmini.io",
             "links.nextmini.io",
+            "memberclusters.nextmini.io",
             "topologies.nextmini.io"
         ])
     );
