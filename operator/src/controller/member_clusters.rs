@@ -111,45 +111,34 @@ pub fn status(
     probe: &Probe,
     generation: Option<i64>,
 ) -> MemberClusterStatus {
-    let (state, reason, message) = match probe {
-        Probe::Reached { rtt, .. } => (
-            ConditionStatus::True,
-            "Reached",
-            match rtt {
-                Some(rtt) => format!(
-                    "the API server answered; TCP round trip {}",
-                    crate::units::Duration::from_std(*rtt)
-                ),
+    let old_rtt = old.and_then(|s| s.rtt);
+    let (state, reason, message, rtt, server_version) = match probe {
+        Probe::Reached { rtt, version } => {
+            // The message names the round trip written, not every probe's,
+            // so an unchanged cluster writes nothing.
+            let written = settled_rtt(old_rtt.map(|r| r.as_std()), *rtt)
+                .map(crate::units::Duration::from_std);
+            let message = match written {
+                Some(rtt) => format!("the API server answered; TCP round trip {rtt}"),
                 None => "the operator's own cluster".to_owned(),
-            },
+            };
+            let version = Some(version.clone());
+            (ConditionStatus::True, "Reached", message, written, version)
+        }
+        // What was measured stays: topologies keep their delays while the
+        // cluster is away.
+        Probe::Failed { reason, message } => (
+            ConditionStatus::False,
+            *reason,
+            message.clone(),
+            old_rtt,
+            old.and_then(|s| s.server_version.clone()),
         ),
-        Probe::Failed { reason, message } => (ConditionStatus::False, *reason, message.clone()),
     };
     let old_condition = old.and_then(|s| s.conditions.iter().find(|c| c.type_ == REACHABLE));
     let last_transition_time = match old_condition {
         Some(c) if c.status == state => c.last_transition_time.clone(),
         _ => Time(k8s_openapi::jiff::Timestamp::now()),
-    };
-    let old_rtt = old.and_then(|s| s.rtt).map(|r| r.as_std());
-    let (rtt, server_version) = match probe {
-        Probe::Reached { rtt, version } => (
-            settled_rtt(old_rtt, *rtt).map(crate::units::Duration::from_std),
-            Some(version.clone()),
-        ),
-        // What was measured stays: topologies keep their delays while the
-        // cluster is away.
-        Probe::Failed { .. } => (
-            old.and_then(|s| s.rtt),
-            old.and_then(|s| s.server_version.clone()),
-        ),
-    };
-    // The message of a reachable cluster names the round trip written, not
-    // every probe's, so an unchanged cluster writes nothing.
-    let message = match (probe, rtt) {
-        (Probe::Reached { rtt: Some(_), .. }, Some(written)) => {
-            format!("the API server answered; TCP round trip {written}")
-        }
-        _ => message,
     };
     MemberClusterStatus {
         observed_generation: generation,
