@@ -26,6 +26,14 @@ const MIN_LATE_PERCENT: u64 = 5;
 /// stall then catches most of them (132 of 188 at 500 Mbit/s, seen in the
 /// link fidelity test), while an agent short of CPU is behind for most of it.
 const MIN_BEHIND_PERCENT: u64 = 5;
+/// A window past the thresholds above but under this share late and behind
+/// is marginal: it counts only when the window before it on the same link was
+/// unfaithful too. One busy second on a shared 2-core machine (iperf3, both
+/// agents, the hub and PostgreSQL at once) made 37 of 663 ACKs (5%) late for
+/// 0.05 s of a 1 s window in CI, while the flow got its full rate; an agent
+/// short of CPU is late for a third or more of every window (BENCHMARKS.md,
+/// "The fidelity guard"), so it is named from its first window.
+const CLEAR_PERCENT: u64 = 20;
 
 /// What one direction of one link did in one window.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -49,15 +57,37 @@ pub struct CpuWindow {
     pub throttled_ns: u64,
 }
 
-/// Why the window was not faithful, or `None`.
-pub fn judge(w: &Window, cpu: &CpuWindow) -> Option<String> {
+/// How sure one window's verdict is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Faithful,
+    /// Unfaithful only if the window before was not faithful either.
+    Marginal(String),
+    Unfaithful(String),
+}
+
+impl Verdict {
+    fn reason(self, window_before_faithful: bool) -> Option<String> {
+        match self {
+            Verdict::Faithful => None,
+            Verdict::Marginal(_) if window_before_faithful => None,
+            Verdict::Marginal(why) | Verdict::Unfaithful(why) => Some(why),
+        }
+    }
+}
+
+/// One window judged on its own; `Guard` weighs a marginal one against the
+/// window before it.
+pub fn judge(w: &Window, cpu: &CpuWindow) -> Verdict {
     let mut causes = Vec::new();
     let late_share = w.late * 100 / w.sent.max(1);
     let behind_share = w.behind_ns * 100 / cpu.wall_ns.max(1);
-    if w.late >= MIN_LATE_PACKETS
+    let late = w.late >= MIN_LATE_PACKETS
         && late_share >= MIN_LATE_PERCENT
-        && behind_share >= MIN_BEHIND_PERCENT
-    {
+        && behind_share >= MIN_BEHIND_PERCENT;
+    let clear = w.handoff_drops > 0
+        || (late && late_share >= CLEAR_PERCENT && behind_share >= CLEAR_PERCENT);
+    if late {
         causes.push(format!(
             "{} of {} packets ({late_share}%) left more than {} ms after the link released them (worst {:.1} ms; behind schedule {:.2} s of {:.1} s)",
             w.late,
@@ -75,12 +105,17 @@ pub fn judge(w: &Window, cpu: &CpuWindow) -> Option<String> {
         ));
     }
     if causes.is_empty() {
-        return None;
+        return Verdict::Faithful;
     }
     if let Some(why) = cpu.explain() {
         causes.push(why);
     }
-    Some(causes.join("; "))
+    let why = causes.join("; ");
+    if clear {
+        Verdict::Unfaithful(why)
+    } else {
+        Verdict::Marginal(why)
+    }
 }
 
 impl CpuWindow {
@@ -119,6 +154,8 @@ struct Seen {
     late: u64,
     behind_us: u64,
     drops: u64,
+    /// The window that ended here was not faithful (marginal ones included).
+    unfaithful: bool,
 }
 
 /// Judges every report's links against the previous report.
@@ -157,19 +194,24 @@ impl Guard {
             for l in links.iter_mut() {
                 l.unfaithful.clear();
             }
+            // An idle window between two marginal ones breaks the run.
+            for seen in self.seen.values_mut() {
+                seen.unfaithful = false;
+            }
             return;
         }
         let cpu = self.cpu.window();
         let mut seen = HashMap::with_capacity(links.len());
         for l in links.iter_mut() {
             let before = self.seen.get(&l.link).copied().unwrap_or_default();
-            let now = Seen {
+            let mut now = Seen {
                 sent: l.tx_packets,
                 late: l.late_packets,
                 behind_us: l.behind_us,
                 // A link a scenario took down drops by design, not for want
                 // of CPU.
                 drops: l.drops.saturating_sub(l.drops_down),
+                unfaithful: false,
             };
             // Counters start again when a link is recreated.
             let window = Window {
@@ -179,7 +221,9 @@ impl Guard {
                 behind_ns: now.behind_us.saturating_sub(before.behind_us) * 1000,
                 handoff_drops: now.drops.saturating_sub(before.drops),
             };
-            l.unfaithful = judge(&window, &cpu).unwrap_or_default();
+            let verdict = judge(&window, &cpu);
+            now.unfaithful = verdict != Verdict::Faithful;
+            l.unfaithful = verdict.reason(!before.unfaithful).unwrap_or_default();
             seen.insert(l.link.clone(), now);
         }
         self.seen = seen;
@@ -302,7 +346,11 @@ mod tests {
             behind_ns: 3_000_000,
             handoff_drops: 0,
         };
-        assert_eq!(judge(&w, &CALM), None, "a few late packets are noise");
+        assert_eq!(
+            judge(&w, &CALM),
+            Verdict::Faithful,
+            "a few late packets are noise"
+        );
         // One 4 ms stall in a second at 100 Mbit/s (seen on a quiet CI machine).
         let w = Window {
             sent: 2_405,
@@ -311,7 +359,11 @@ mod tests {
             behind_ns: 4_100_000,
             handoff_drops: 0,
         };
-        assert_eq!(judge(&w, &CALM), None, "under 5% late is noise");
+        assert_eq!(
+            judge(&w, &CALM),
+            Verdict::Faithful,
+            "under 5% late is noise"
+        );
         // The same stall at the end of a flow, where the window held few
         // packets: most of them late, but the link was behind for 4 ms.
         let w = Window {
@@ -321,7 +373,7 @@ mod tests {
             behind_ns: 4_000_000,
             handoff_drops: 0,
         };
-        assert_eq!(judge(&w, &CALM), None, "one stall is noise");
+        assert_eq!(judge(&w, &CALM), Verdict::Faithful, "one stall is noise");
     }
 
     #[test]
@@ -338,7 +390,9 @@ mod tests {
             behind_ns: 610_000_000,
             handoff_drops: 112,
         };
-        let why = judge(&w, &starved).expect("unfaithful");
+        let Verdict::Unfaithful(why) = judge(&w, &starved) else {
+            panic!("a starved window is named at once");
+        };
         assert!(
             why.contains("900 of 2000 packets (45%) left more than 1 ms"),
             "{why}"
@@ -359,7 +413,51 @@ mod tests {
             handoff_drops: 1,
             ..Window::default()
         };
-        assert!(judge(&only_drops, &CALM).is_some());
+        assert!(matches!(judge(&only_drops, &CALM), Verdict::Unfaithful(_)));
+    }
+
+    #[test]
+    fn a_marginal_window_counts_only_after_another() {
+        // CI, agents fed: one busy second made 37 of 663 ACKs late, behind
+        // for 0.05 s, while the flow got its full rate.
+        let busy = CpuWindow {
+            waited_ns: 110_000_000,
+            ..CALM
+        };
+        let w = Window {
+            sent: 663,
+            late: 37,
+            max_late_ns: 6_200_000,
+            behind_ns: 50_000_000,
+            handoff_drops: 0,
+        };
+        assert!(matches!(judge(&w, &busy), Verdict::Marginal(_)));
+
+        let mut guard = Guard::default();
+        let link = |n: u64| pb::LinkCounters {
+            link: "b-a".into(),
+            tx_packets: 663 * n,
+            late_packets: 37 * n,
+            behind_us: 50_000 * n,
+            max_late_us: 6_200,
+            ..Default::default()
+        };
+        let mut first = [link(1)];
+        guard.judge_report(&mut first);
+        assert!(first[0].unfaithful.is_empty(), "{}", first[0].unfaithful);
+        let mut second = [link(2)];
+        guard.judge_report(&mut second);
+        assert!(
+            second[0].unfaithful.contains("37 of 663 packets"),
+            "two marginal windows in a row are a limit: {}",
+            second[0].unfaithful
+        );
+        // An idle window breaks the run.
+        let mut idle = [link(2)];
+        guard.judge_report(&mut idle);
+        let mut after_idle = [link(3)];
+        guard.judge_report(&mut after_idle);
+        assert!(after_idle[0].unfaithful.is_empty());
     }
 
     #[test]
