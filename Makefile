@@ -66,7 +66,7 @@ KUBE_BENCH ?=
 bench-kube:
 	@status=0; \
 	e2e/cluster/up.sh && NEXTMINI_BIN_DIR=$(CURDIR)/target/release e2e/cluster/images.sh nextmini postgres worker && \
-	KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test -p nextmini-e2e --test kube_scale -- --ignored --nocapture --test-threads=1 $(KUBE_BENCH) || status=1; \
+	KUBECONFIG=/var/lib/nextmini-k8s/kubeconfig $(CARGO) test --release -p nextmini-e2e --test kube_scale -- --ignored --nocapture --test-threads=1 $(KUBE_BENCH) || status=1; \
 	e2e/cluster/down.sh; \
 	exit $$status
 

@@ -144,23 +144,9 @@ fn operator_memory_mib() -> Option<(f64, f64)> {
     Some((field("VmRSS:")?, field("VmHWM:")?))
 }
 
-/// Issue 20.4 and 20.6: a packed ring of `NEXTMINI_E2E_RING_NODES` (default
-/// 2,000) nodes, `NEXTMINI_E2E_NODES_PER_WORKER` (default 50) per worker pod,
-/// on the cluster: Ready within 180 s, a web page fetched between the two
-/// farthest nodes, and the operator's memory with it running. (A kubelet runs
-/// 110 pods, so 10,000 nodes need 100 per worker.)
-#[test]
-#[ignore = "a benchmark on the cluster KUBECONFIG names; `make bench-kube` runs it"]
-fn packed_ring_at_scale() {
-    let nodes: u32 = std::env::var("NEXTMINI_E2E_RING_NODES")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(2000);
-    let per_worker: u32 = std::env::var("NEXTMINI_E2E_NODES_PER_WORKER")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or(50);
-    let c = Cluster::new("nm-ring");
+/// The CRDs and the chart with its defaults, but PostgreSQL without a volume
+/// (the from-source cluster has no StorageClass).
+fn install_with_chart_defaults(c: &Cluster) {
     let chart = repo_path("helm/nextmini");
     c.ok(&[
         "apply",
@@ -179,6 +165,51 @@ fn packed_ring_at_scale() {
         "--timeout",
         "300s",
     ]);
+}
+
+/// Deletes the Topology `ring` and waits until its pods are gone; how long.
+fn delete_ring(c: &Cluster) -> Duration {
+    let t = Instant::now();
+    c.ok(&["delete", "topology", "ring", "--timeout=600s"]);
+    c.wait_for("the ring's pods to go", Duration::from_secs(600), || {
+        c.ok(&[
+            "get",
+            "pods",
+            "-l",
+            "nextmini.io/topology=ring",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .is_empty()
+    });
+    t.elapsed()
+}
+
+fn mib(memory: Option<(f64, f64)>) -> String {
+    memory
+        .map(|(rss, hwm)| format!("{rss:.0} MiB (peak {hwm:.0})"))
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// Issue 20.4 and 20.6: a packed ring of `NEXTMINI_E2E_RING_NODES` (default
+/// 2,000) nodes, `NEXTMINI_E2E_NODES_PER_WORKER` (default 50) per worker pod,
+/// on the cluster: Ready within 180 s, a web page fetched between the two
+/// farthest nodes, and the operator's memory with it running. (A kubelet runs
+/// 110 pods, so 10,000 nodes need 100 per worker.)
+#[test]
+#[ignore = "a benchmark on the cluster KUBECONFIG names; `make bench-kube` runs it"]
+fn packed_ring_at_scale() {
+    let nodes: u32 = std::env::var("NEXTMINI_E2E_RING_NODES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(2000);
+    let per_worker: u32 = std::env::var("NEXTMINI_E2E_NODES_PER_WORKER")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(50);
+    let c = Cluster::new("nm-ring");
+    install_with_chart_defaults(&c);
     let idle = operator_memory_mib();
     let worker_image = std::env::var("NEXTMINI_E2E_WORKER_IMAGE")
         .unwrap_or_else(|_| "docker.io/nextmini/worker:dev".into());
@@ -219,26 +250,8 @@ fn packed_ring_at_scale() {
         ]);
         page = String::from_utf8_lossy(&out.stdout).into_owned();
     }
-    let t = Instant::now();
-    c.ok(&["delete", "topology", "ring", "--timeout=600s"]);
-    c.wait_for("the ring's pods to go", Duration::from_secs(600), || {
-        c.ok(&[
-            "get",
-            "pods",
-            "-l",
-            "nextmini.io/topology=ring",
-            "-o",
-            "name",
-        ])
-        .trim()
-        .is_empty()
-    });
-    let gone = t.elapsed();
+    let gone = delete_ring(&c);
     let after = operator_memory_mib();
-    let mib = |m: Option<(f64, f64)>| {
-        m.map(|(rss, hwm)| format!("{rss:.0} MiB (peak {hwm:.0})"))
-            .unwrap_or_else(|| "unknown".into())
-    };
     println!(
         "packed ring of {nodes} nodes ({} workers): Ready {:.1} s after apply; n0 -> n{far} curl: {}; gone {:.1} s after delete",
         nodes.div_ceil(per_worker),
@@ -254,4 +267,169 @@ fn packed_ring_at_scale() {
     );
     assert_eq!(page.trim(), "far", "n0 fetched the page of n{far}");
     assert!(ready <= Duration::from_secs(180), "Ready after {ready:?}");
+}
+
+/// Issue 20.6 at 10,000 nodes: the operator's memory with every agent of a
+/// `NEXTMINI_E2E_FLEET_NODES` (default 10,000) node packed ring connected to
+/// its hub. Ten thousand real agents do not run on this 2-core machine (see
+/// BENCHMARKS.md), so the worker pods get an image that cannot be pulled and a
+/// fleet of lightweight agents in this process (`nextmini_e2e::load`) plays
+/// the nodes: each opens a real control session over TCP to the operator's
+/// hub with the credential the operator wrote into its worker's Secret, takes
+/// its snapshot, acknowledges it and reports. The operator does all of its
+/// own work: planning, the store, 100 pods and Secrets, and 10,000 sessions.
+#[test]
+#[ignore = "a benchmark on the cluster KUBECONFIG names; `make bench-kube` runs it"]
+fn operator_memory_with_every_agent_connected() {
+    use nextmini_e2e::load::{Fleet, HubAddress, Identity};
+    let nodes: usize = std::env::var("NEXTMINI_E2E_FLEET_NODES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(10_000);
+    let per_worker = 100;
+    let c = Cluster::new("nm-fleet");
+    install_with_chart_defaults(&c);
+    let idle = operator_memory_mib();
+    let yaml = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: ring}}\nspec:\n  \
+         placement: packed\n  nodesPerWorker: {per_worker}\n  \
+         workerImage: docker.io/nextmini/not-pulled:none\n  \
+         telemetry: {{interval: 30s}}\n  generator: {{ring: {{nodes: {nodes}}}}}\n"
+    );
+    let applied = Instant::now();
+    c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    let workers = nodes.div_ceil(per_worker);
+    let dir = std::env::temp_dir().join(format!("nm-fleet-{}", std::process::id()));
+    let mut identities: Vec<Identity> = Vec::new();
+    c.wait_for(
+        "every node's credential in the workers' Secrets",
+        Duration::from_secs(600),
+        || {
+            identities = credentials_of(&c, "ring", &dir);
+            identities.len() == nodes
+        },
+    );
+    println!(
+        "{nodes} credentials in {workers} Secrets {:.1} s after apply",
+        applied.elapsed().as_secs_f64()
+    );
+    let hub_ip = c.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "app.kubernetes.io/component=operator",
+        "-o",
+        "jsonpath={.items[0].status.podIP}",
+    ]);
+    let hub: std::net::SocketAddr = format!("{}:50051", hub_ip.trim())
+        .parse()
+        .expect("the operator pod's address");
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let fleet = runtime.block_on(Fleet::start(HubAddress::Tcp(hub), identities));
+    let connecting = Instant::now();
+    let mut peak_rss = 0.0f64;
+    let mut last_print = Instant::now();
+    while fleet.connected() < nodes as u64 && connecting.elapsed() < Duration::from_secs(900) {
+        std::thread::sleep(Duration::from_secs(1));
+        if let Some((rss, _)) = operator_memory_mib() {
+            peak_rss = peak_rss.max(rss);
+        }
+        if last_print.elapsed() >= Duration::from_secs(15) {
+            last_print = Instant::now();
+            println!(
+                "{:.0} s: {} of {nodes} agents connected, operator RSS peak {peak_rss:.0} MiB",
+                connecting.elapsed().as_secs_f64(),
+                fleet.connected()
+            );
+        }
+    }
+    let connected = fleet.connected();
+    println!(
+        "{connected} of {nodes} agents connected {:.1} s after the fleet started",
+        connecting.elapsed().as_secs_f64()
+    );
+    // Connected and holding: every session past its snapshot, reports flowing.
+    let holding = Instant::now();
+    while holding.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_secs(2));
+        if let Some((rss, _)) = operator_memory_mib() {
+            peak_rss = peak_rss.max(rss);
+        }
+    }
+    let running = operator_memory_mib();
+    let key = nextmini_proto::topology_key::join(Some(&c.namespace), "ring");
+    let acked = c.psql(&format!(
+        "SELECT count(*) FROM nodes n JOIN topologies t ON t.id = n.topology_id \
+         WHERE t.key = '{key}' AND n.acked_generation >= t.generation"
+    ));
+    let stats = fleet.stats();
+    println!(
+        "holding {nodes} sessions for 60 s: {} reports, {} resyncs, {} disconnects, {} rejected; {} nodes acknowledged in the store",
+        stats.reports.load(std::sync::atomic::Ordering::Relaxed),
+        stats.resyncs.load(std::sync::atomic::Ordering::Relaxed),
+        stats.disconnects.load(std::sync::atomic::Ordering::Relaxed),
+        stats.rejected.load(std::sync::atomic::Ordering::Relaxed),
+        acked
+    );
+    runtime.block_on(fleet.stop());
+    let gone = delete_ring(&c);
+    let after = operator_memory_mib();
+    let _ = std::fs::remove_dir_all(&dir);
+    println!(
+        "operator memory: {} idle; {} with {connected} of {nodes} agents connected (highest sampled {peak_rss:.0} MiB); {} after the delete ({:.1} s)",
+        mib(idle),
+        mib(running),
+        mib(after),
+        gone.as_secs_f64()
+    );
+    assert_eq!(connected, nodes as u64, "every agent connected");
+    assert_eq!(
+        acked,
+        nodes.to_string(),
+        "every node acknowledged its config"
+    );
+    let (_, hwm) = running.expect("the operator's memory");
+    assert!(
+        hwm <= 1024.0,
+        "operator peak {hwm:.0} MiB with {nodes} agents connected (target 1 GiB)"
+    );
+}
+
+/// Every node credential in the topology's worker Secrets, written as the
+/// files `nextmini` keeps for a node (`<node>`, `<node>.crt`, `<node>.key`,
+/// `ca.crt`) into `dir`.
+fn credentials_of(
+    c: &Cluster,
+    topology: &str,
+    dir: &std::path::Path,
+) -> Vec<nextmini_e2e::load::Identity> {
+    use k8s_openapi::api::core::v1::Secret;
+    let json = c.ok(&[
+        "get",
+        "secrets",
+        "-l",
+        &format!("nextmini.io/topology={topology},nextmini.io/part=credentials"),
+        "-o",
+        "json",
+    ]);
+    // kubectl answers with kind List, not SecretList.
+    let list: serde_json::Value = serde_json::from_str(&json).expect("a list");
+    let secrets: Vec<Secret> =
+        serde_json::from_value(list["items"].clone()).expect("Secrets in the list");
+    std::fs::create_dir_all(dir).expect("the credentials directory");
+    let key = nextmini_proto::topology_key::join(Some(&c.namespace), topology);
+    let mut identities = Vec::new();
+    for secret in secrets {
+        for (name, value) in secret.data.unwrap_or_default() {
+            std::fs::write(dir.join(&name), &value.0).expect("a credential file");
+            if let Some(node) = name.strip_suffix(".key") {
+                identities.push(nextmini_e2e::load::Identity {
+                    topology: key.clone(),
+                    node: node.to_string(),
+                    dir: dir.to_path_buf(),
+                });
+            }
+        }
+    }
+    identities
 }

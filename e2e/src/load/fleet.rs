@@ -1,9 +1,8 @@
 //! The fleet: fake agents that hold a session each, and what they saw.
 
-use super::session::{Identity, Session, message, open_session};
+use super::session::{HubAddress, Identity, Session, message, open_session};
 use nextmini_proto::v1 as pb;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -52,21 +51,79 @@ impl FleetStats {
     }
 }
 
+/// The reconnect backoff of `nextmini-agent` (node-agent/src/control.rs), so a
+/// hub that cannot keep up sees the retries real agents would send.
+const BACKOFF_MIN: Duration = Duration::from_millis(50);
+const BACKOFF_MAX: Duration = Duration::from_secs(5);
+
+async fn back_off(backoff: &mut Duration) {
+    let jitter = Duration::from_millis(rand::random_range(0..=backoff.as_millis() as u64 / 2));
+    tokio::time::sleep(*backoff + jitter).await;
+    *backoff = (*backoff * 2).min(BACKOFF_MAX);
+}
+
+/// A running fleet: one fake agent task per identity.
+pub struct Fleet {
+    stats: Arc<FleetStats>,
+    stop: watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Fleet {
+    /// Starts an agent per identity, at most ~200 a second, as a starting
+    /// topology's agents would connect; returns once all are started.
+    pub async fn start(hub: HubAddress, identities: Vec<Identity>) -> Fleet {
+        let stats = Arc::new(FleetStats::default());
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = Vec::with_capacity(identities.len());
+        for (i, id) in identities.into_iter().enumerate() {
+            tasks.push(tokio::spawn(fake_agent(
+                i,
+                hub.clone(),
+                id,
+                stats.clone(),
+                stop_rx.clone(),
+            )));
+            if i % 20 == 19 {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+        Fleet { stats, stop, tasks }
+    }
+
+    /// Agents that have had their first snapshot.
+    pub fn connected(&self) -> u64 {
+        self.stats.connected.load(Ordering::Relaxed)
+    }
+
+    pub fn stats(&self) -> Arc<FleetStats> {
+        self.stats.clone()
+    }
+
+    /// Ends every session (each drains what the hub still sends) and waits.
+    pub async fn stop(self) {
+        self.stop.send(true).ok();
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
 /// Plays one agent until `stop`: session, snapshot, acks, reports; reconnects
 /// like `nextmini-agent` does when its stream ends (and counts that).
 pub(super) async fn fake_agent(
     index: usize,
-    hub_socket: PathBuf,
+    hub: HubAddress,
     id: Identity,
     stats: Arc<FleetStats>,
     mut stop: watch::Receiver<bool>,
 ) {
     let mut sequence = 0u64;
     let mut first = true;
-    let mut backoff = Duration::from_millis(50);
+    let mut backoff = BACKOFF_MIN;
     while !*stop.borrow() {
         let session = tokio::select! {
-            s = open_session(&hub_socket, &id) => s,
+            s = open_session(&hub, &id) => s,
             _ = stop.changed() => return,
         };
         let Session { tx, mut inbound } = match session {
@@ -74,8 +131,7 @@ pub(super) async fn fake_agent(
             Err(e) => {
                 tracing::warn!(node = %id.node, error = %e, "opening the session failed");
                 stats.disconnects.fetch_add(1, Ordering::Relaxed);
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(1));
+                back_off(&mut backoff).await;
                 continue;
             }
         };
@@ -108,7 +164,7 @@ pub(super) async fn fake_agent(
                             links = s.links.iter().map(|l| l.name.clone()).collect();
                             let every = Duration::from_millis(u64::from(s.report_interval_ms.max(100)));
                             ticker = Some(tokio::time::interval(every));
-                            backoff = Duration::from_millis(50);
+                            backoff = BACKOFF_MIN;
                             s.generation
                         }
                         Some(pb::controller_message::Msg::Delta(d)) => {
@@ -180,7 +236,6 @@ pub(super) async fn fake_agent(
         };
         tracing::warn!(node = %id.node, reason = %ended, "session ended; reconnecting");
         stats.disconnects.fetch_add(1, Ordering::Relaxed);
-        tokio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(Duration::from_secs(1));
+        back_off(&mut backoff).await;
     }
 }

@@ -18,19 +18,16 @@ mod measure;
 mod report;
 mod session;
 
-pub use fleet::FleetStats;
+pub use fleet::{Fleet, FleetStats};
 pub use measure::{cpu_time, rss_bytes, sample, scrape};
 pub use report::{Latencies, LoadReport};
-pub use session::{Identity, Session, open_session, store_topology};
+pub use session::{HubAddress, Identity, Session, open_session, store_topology};
 
 use crate::Env;
 use anyhow::{Context, bail};
-use fleet::fake_agent;
 use measure::{metrics_addr, postgres_pids, table_writes, total_cpu};
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-use tokio::sync::watch;
 
 /// The topology the load runs: a ring, every node with two links.
 pub const TOPOLOGY: &str = "load";
@@ -157,23 +154,9 @@ pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
         .map(|l| l.name.clone())
         .context("the ring's link between its first two nodes")?;
 
-    let stats = Arc::new(FleetStats::default());
-    let (stop_tx, stop_rx) = watch::channel(false);
     let started = Instant::now();
-    let mut tasks = Vec::new();
-    for (i, id) in identities.iter().cloned().enumerate() {
-        tasks.push(tokio::spawn(fake_agent(
-            i,
-            socket.clone(),
-            id,
-            stats.clone(),
-            stop_rx.clone(),
-        )));
-        // Connects at most ~200 agents a second, as a starting topology would.
-        if i % 20 == 19 {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
+    let fleet = Fleet::start(HubAddress::Unix(socket), identities).await;
+    let stats = fleet.stats();
     let connect_deadline = Instant::now() + Duration::from_secs(120);
     while stats.connected.load(Ordering::Relaxed) < cfg.agents as u64 {
         if Instant::now() > connect_deadline {
@@ -308,10 +291,7 @@ pub async fn run(env: &Env, cfg: &LoadConfig) -> anyhow::Result<LoadReport> {
     report.node_updates_per_sec = delta("nodes").1 / window;
 
     // Stop the fleet, then let the hub write what it holds.
-    stop_tx.send(true).ok();
-    for t in tasks {
-        let _ = t.await;
-    }
+    fleet.stop().await;
     report.rows_sent = stats.rows.load(Ordering::Relaxed);
     report.resyncs = stats.resyncs.load(Ordering::Relaxed);
     report.disconnects = stats.disconnects.load(Ordering::Relaxed);

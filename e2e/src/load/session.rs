@@ -8,6 +8,7 @@ use nextmini_operator::plan;
 use nextmini_operator::store::Store;
 use nextmini_proto::tls::{HUB_SERVER_NAME, client_config};
 use nextmini_proto::v1 as pb;
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,7 +16,7 @@ use tokio::sync::mpsc;
 use tokio_rustls::TlsConnector;
 use tokio_rustls::rustls::pki_types::ServerName;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::transport::{Endpoint, Uri};
+use tonic::transport::{Channel, Endpoint, Uri};
 
 /// One node as an agent proves it to the hub: the files `nextmini` keeps for it
 /// in `<state>/credentials/<topology>/` (token, certificate, key, and the
@@ -34,17 +35,25 @@ impl Identity {
     }
 }
 
+/// Where the fleet dials the hub: its Unix socket in local mode, or a TCP
+/// address (the operator's hub in a cluster).
+#[derive(Debug, Clone)]
+pub enum HubAddress {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
 /// An open control session: what the agent sends, and what the hub sends it.
 pub struct Session {
     pub tx: mpsc::Sender<pb::AgentMessage>,
     pub inbound: tonic::Streaming<pb::ControllerMessage>,
 }
 
-/// Opens one agent's control session over the hub's Unix socket, as
-/// `nextmini-agent` does: TLS with the node's client certificate, trusting only
-/// the control CA and the hub's fixed name, then Hello with the node's token.
-/// Everything that connection set-up needs is here, in one place.
-pub async fn open_session(hub_socket: &Path, id: &Identity) -> anyhow::Result<Session> {
+/// Opens one agent's control session as `nextmini-agent` does: TLS with the
+/// node's client certificate, trusting only the control CA and the hub's fixed
+/// name, then Hello with the node's token. Everything that connection set-up
+/// needs is here, in one place.
+pub async fn open_session(hub: &HubAddress, id: &Identity) -> anyhow::Result<Session> {
     let token = String::from_utf8(id.read(&files::token(&id.node))?)?;
     let tls = client_config(
         &id.read(files::CA)?,
@@ -52,22 +61,17 @@ pub async fn open_session(hub_socket: &Path, id: &Identity) -> anyhow::Result<Se
         &id.read(&files::key(&id.node))?,
     )?;
     let connector = TlsConnector::from(Arc::new(tls));
-    let path = hub_socket.to_path_buf();
-    // The URI is required but unused: the connector dials the socket and does TLS.
-    let channel = Endpoint::from_static("http://hub.nextmini.internal")
-        .connect_timeout(Duration::from_secs(5))
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
-        .connect_with_connector(tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            let connector = connector.clone();
-            async move {
-                let stream = tokio::net::UnixStream::connect(path).await?;
-                let name = ServerName::try_from(HUB_SERVER_NAME).map_err(std::io::Error::other)?;
-                Ok::<_, std::io::Error>(TokioIo::new(connector.connect(name, stream).await?))
-            }
-        }))
-        .await?;
+    let channel = match hub.clone() {
+        HubAddress::Unix(path) => {
+            tls_channel(connector, move || {
+                tokio::net::UnixStream::connect(path.clone())
+            })
+            .await?
+        }
+        HubAddress::Tcp(addr) => {
+            tls_channel(connector, move || tokio::net::TcpStream::connect(addr)).await?
+        }
+    };
     let mut client = pb::control_client::ControlClient::new(channel);
     let (tx, rx) = mpsc::channel(64);
     tx.send(message(pb::agent_message::Msg::Hello(pb::Hello {
@@ -82,6 +86,30 @@ pub async fn open_session(hub_socket: &Path, id: &Identity) -> anyhow::Result<Se
     .await?;
     let inbound = client.session(ReceiverStream::new(rx)).await?.into_inner();
     Ok(Session { tx, inbound })
+}
+
+/// A gRPC channel over TLS on whatever stream `dial` opens. The URI is
+/// required but unused: the connector dials and does TLS itself.
+async fn tls_channel<S, D, F>(connector: TlsConnector, dial: D) -> anyhow::Result<Channel>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    D: Fn() -> F + Clone + Send + 'static,
+    F: Future<Output = std::io::Result<S>> + Send,
+{
+    Ok(Endpoint::from_static("http://hub.nextmini.internal")
+        .connect_timeout(Duration::from_secs(5))
+        .http2_keep_alive_interval(Duration::from_secs(5))
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect_with_connector(tower::service_fn(move |_: Uri| {
+            let dial = dial.clone();
+            let connector = connector.clone();
+            async move {
+                let stream = dial().await?;
+                let name = ServerName::try_from(HUB_SERVER_NAME).map_err(std::io::Error::other)?;
+                Ok::<_, std::io::Error>(TokioIo::new(connector.connect(name, stream).await?))
+            }
+        }))
+        .await?)
 }
 
 pub(super) fn message(msg: pb::agent_message::Msg) -> pb::AgentMessage {

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
@@ -19,6 +19,14 @@ use tonic::transport::server::Connected;
 
 /// A slow or stalled handshake must not hold a task for long.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Handshakes in flight at once. Unbounded, thousands of agents reconnecting
+/// together all slow down at once past `HANDSHAKE_TIMEOUT`, retry and slow
+/// the next round too: 10,000 agents at an operator's hub fell from 115
+/// connects a second to 6 (BENCHMARKS.md, "Operator memory with every agent
+/// connected"). Bounded, the rest wait in the kernel's accept queue and every
+/// accepted handshake finishes in its time. Large enough that a few stalled
+/// clients cannot hold up the rest for long.
+const HANDSHAKES_IN_FLIGHT: usize = 256;
 
 /// The node a connection's certificate names; tonic puts it in every request's
 /// extensions.
@@ -95,7 +103,15 @@ where
     let acceptor = TlsAcceptor::from(config);
     tokio::spawn(async move {
         let mut listener = listener;
+        let permits = Arc::new(Semaphore::new(HANDSHAKES_IN_FLIGHT));
         loop {
+            let permit = tokio::select! {
+                _ = tx.closed() => return,
+                permit = permits.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => return,
+                },
+            };
             let io = tokio::select! {
                 // The server stopped taking connections: stop listening too.
                 _ = tx.closed() => return,
@@ -110,9 +126,9 @@ where
             };
             let (acceptor, tx, metrics) = (acceptor.clone(), tx.clone(), metrics.clone());
             tokio::spawn(async move {
-                let stream = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io))
-                    .await
-                {
+                let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(io)).await;
+                drop(permit);
+                let stream = match handshake {
                     Ok(Ok(stream)) => stream,
                     Ok(Err(e)) => {
                         metrics.refused(Refusal::TlsHandshake);
@@ -141,4 +157,40 @@ where
         }
     });
     ReceiverStream::new(rx)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pki::ControlCa;
+
+    #[tokio::test]
+    async fn handshakes_in_flight_are_bounded() {
+        let ca = ControlCa::generate().expect("a CA");
+        let hub = ca.issue_hub().expect("a hub certificate");
+        let config = nextmini_proto::tls::server_config(
+            ca.cert_pem().as_bytes(),
+            hub.cert_pem.as_bytes(),
+            hub.key_pem.as_bytes(),
+        )
+        .expect("a server config");
+        // Clients that connected and never speak: each holds a handshake.
+        let total = HANDSHAKES_IN_FLIGHT + 50;
+        let (connections, listener) = mpsc::channel(total);
+        let mut clients = Vec::new();
+        for _ in 0..total {
+            let (client, server) = tokio::io::duplex(1024);
+            clients.push(client);
+            connections.send(Ok(server)).await.expect("queued");
+        }
+        let _incoming = authenticated(
+            ReceiverStream::new(listener),
+            Arc::new(config),
+            Arc::new(HubMetrics::new()),
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        // What the hub took off the accept queue.
+        let taken = connections.capacity();
+        assert_eq!(taken, HANDSHAKES_IN_FLIGHT, "{taken} of {total} taken");
+    }
 }
