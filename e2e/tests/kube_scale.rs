@@ -297,7 +297,12 @@ fn operator_memory_with_every_agent_connected() {
          telemetry: {{interval: 30s}}\n  generator: {{ring: {{nodes: {nodes}}}}}\n"
     );
     let applied = Instant::now();
-    c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    let out = c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+    assert!(
+        out.status.success(),
+        "kubectl apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let workers = nodes.div_ceil(per_worker);
     let dir = std::env::temp_dir().join(format!("nm-fleet-{}", std::process::id()));
     let mut identities: Vec<Identity> = Vec::new();
