@@ -26,8 +26,8 @@ const MIN_LATE_PERCENT: u64 = 5;
 /// stall then catches most of them (132 of 188 at 500 Mbit/s, seen in the
 /// link fidelity test), while an agent short of CPU is behind for most of it.
 const MIN_BEHIND_PERCENT: u64 = 5;
-/// A window past the thresholds above but under this share late and behind
-/// is marginal: it counts only when the window before it on the same link was
+/// A window past the thresholds above but under this share late, or under it
+/// behind, is marginal: it counts only when the window before it on the same link was
 /// unfaithful too. One busy second on a shared 2-core machine (iperf3, both
 /// agents, the hub and PostgreSQL at once) made 37 of 663 ACKs (5%) late for
 /// 0.05 s of a 1 s window in CI, while the flow got its full rate; an agent
