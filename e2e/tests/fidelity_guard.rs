@@ -4,7 +4,10 @@
 //! the flag of a flow result measured meanwhile — and say nothing when they
 //! have the CPU they need.
 
-use nextmini_e2e::{Env, agent_pids_of, all_acked, iperf3, tcp_goodput};
+use nextmini_e2e::{
+    Env, agent_pids_of, all_acked, episodes_not_from_host_contention, fidelity_episodes, iperf3,
+    tcp_goodput,
+};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
@@ -94,15 +97,6 @@ fn episodes(env: &Env) -> Vec<serde_json::Value> {
         .unwrap_or_default()
 }
 
-fn stored_episodes(env: &Env) -> i64 {
-    env.psql(&format!(
-        "SELECT count(*) FROM fidelity_episodes e JOIN topologies t ON t.id = e.topology_id \
-         WHERE t.name = '{TOPOLOGY}'"
-    ))
-    .parse()
-    .expect("a count")
-}
-
 /// `nextmini_link_faithful` of the agent `node`, from its metrics socket.
 fn faithful_metric(env: &Env, node: &str) -> Option<f64> {
     env.agent_metrics(TOPOLOGY, node)
@@ -126,15 +120,19 @@ fn starved_agents_say_the_emulator_limited_the_link() {
     let fed = tcp_goodput(&iperf3(&env, "a", &["-c", "b", "-t", "4", "-O", "1"]));
     std::thread::sleep(Duration::from_secs(2));
     println!("fed agents: {:.1} Mbit/s", fed / 1e6);
-    assert_eq!(
-        stored_episodes(&env),
-        0,
-        "the guard fired with enough CPU: {:?}",
-        episodes(&env)
+    let fed_episodes = fidelity_episodes(&env, TOPOLOGY);
+    let false_alarms = episodes_not_from_host_contention(&fed_episodes);
+    assert!(
+        false_alarms.is_empty(),
+        "the guard fired with enough CPU: {false_alarms:?}"
     );
-    let status = env.ok(&["status", TOPOLOGY]);
-    assert!(status.contains("faithful: no agent saw"), "{status}");
-    assert_eq!(faithful_metric(&env, "a"), Some(1.0));
+    if fed_episodes.is_empty() {
+        let status = env.ok(&["status", TOPOLOGY]);
+        assert!(status.contains("faithful: no agent saw"), "{status}");
+        assert_eq!(faithful_metric(&env, "a"), Some(1.0));
+    } else {
+        println!("fed agents: the guard named the busy host: {fed_episodes:?}");
+    }
 
     // Starved: both agents share 5% of a core.
     let pids = agent_pids_of(TOPOLOGY);
@@ -161,9 +159,17 @@ fn starved_agents_say_the_emulator_limited_the_link() {
         .and_then(|r| r["end"]["sum_received"]["bits_per_second"].as_f64());
     println!("starved agents: {starved_goodput:?} bit/s");
     let mut seen = Vec::new();
+    let starved_a_to_b = |e: &serde_json::Value| {
+        e["link"] == "a-b"
+            && e["node"] == "a"
+            && e["peer"] == "b"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("its CPU limit stopped it for"))
+    };
     env.wait_for("the guard to fire", Duration::from_secs(20), || {
         seen = episodes(&env);
-        !seen.is_empty()
+        seen.iter().any(starved_a_to_b)
     });
     println!(
         "guard fired {:.1} s after starving: {seen:#?}",
@@ -171,17 +177,13 @@ fn starved_agents_say_the_emulator_limited_the_link() {
     );
     let a_to_b = seen
         .iter()
-        .find(|e| e["link"] == "a-b" && e["node"] == "a" && e["peer"] == "b")
+        .find(|e| starved_a_to_b(e))
         .unwrap_or_else(|| panic!("no episode for a → b: {seen:#?}"));
     let why = a_to_b["reason"].as_str().unwrap_or_default();
     assert!(
         why.contains("left more than 1 ms after the link released them")
             || why.contains("dropped before the link's queue"),
         "the reason names what the agent saw: {why}"
-    );
-    assert!(
-        why.contains("its CPU limit stopped it for"),
-        "and the CPU limit: {why}"
     );
     let text = env.ok(&["status", TOPOLOGY]);
     assert!(

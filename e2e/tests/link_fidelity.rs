@@ -5,8 +5,8 @@
 //! shares measured on UDP probes. Figures are printed for BENCHMARKS.md.
 
 use nextmini_e2e::{
-    Env, fidelity_episodes, iperf3, link_counter, ping_median_ms, repo_path, sha256_file,
-    tcp_goodput, tcp_payload_ratio,
+    Env, episodes_not_from_host_contention, fidelity_episodes, iperf3, link_counter,
+    ping_median_ms, repo_path, sha256_file, tcp_goodput, tcp_payload_ratio,
 };
 use std::time::{Duration, Instant};
 
@@ -99,10 +99,15 @@ fn links_match_their_configuration() {
                 "rate {mbit} Mbit/s: goodput {measured:.0} vs {expected:.0} ({:+.2}%)",
                 error * 100.0
             );
-            // A link that delivered its rate with headroom: the guard stays silent.
+            // A link that delivered its rate with headroom: the guard stays
+            // silent, unless it names a host too busy to keep the schedule.
+            if !new_episodes.is_empty() {
+                println!("rate {mbit} Mbit/s: the fidelity guard named the host: {new_episodes:?}");
+            }
+            let false_alarms = episodes_not_from_host_contention(new_episodes);
             assert!(
-                new_episodes.is_empty(),
-                "rate {mbit} Mbit/s: the fidelity guard fired on a faithful run: {new_episodes:?}"
+                false_alarms.is_empty(),
+                "rate {mbit} Mbit/s: the fidelity guard fired on a faithful run: {false_alarms:?}"
             );
         } else {
             println!("rate {mbit} Mbit/s: fidelity guard said {new_episodes:?}");
