@@ -2,14 +2,17 @@
 # A second control plane beside the cluster of up.sh, to register as a
 # MemberCluster: its own etcd (own data directory and ports) and its own
 # kube-apiserver on the node address at port 7443, with the first cluster's
-# CA and certificates. It has no kubelet, so pods made there stay Pending; it
-# answers the API like any cluster, which is what the operator's probe and
-# the tests of an unreachable member need.
+# CA and certificates, and its own kube-controller-manager (which makes every
+# namespace's default ServiceAccount, without which no pod is admitted, and
+# collects garbage: an object there owned by one in another cluster would be
+# deleted). It has no kubelet or scheduler, so pods made there stay Pending;
+# it answers the API like any cluster, which is what the operator's probe,
+# its pods in member clusters and the tests of an unreachable member need.
 #
-#   member.sh start             start both; prints the member's kubeconfig path
+#   member.sh start             start all three; prints the member's kubeconfig path
 #   member.sh stop-apiserver    stop the API server only (the member "goes away")
 #   member.sh start-apiserver   start it again
-#   member.sh stop              stop both and remove the member's state
+#   member.sh stop              stop all three and remove the member's state
 #
 # down.sh stops these processes too (it stops every process running one of the
 # cluster's binaries).
@@ -91,11 +94,28 @@ case ${1:-} in
     sed "s|server: https://$NODE_IP:6443|server: $APISERVER|" "$STATE/kubeconfig" >"$KUBECONFIG_MEMBER"
     chmod 600 "$KUBECONFIG_MEMBER"
     grep -q "server: $APISERVER" "$KUBECONFIG_MEMBER" || die "could not point the kubeconfig at $APISERVER"
+    sed "s|server: https://$NODE_IP:6443|server: $APISERVER|" "$PKI/controller-manager.kubeconfig" \
+      >"$MEMBER/controller-manager.kubeconfig"
+    chmod 600 "$MEMBER/controller-manager.kubeconfig"
+    if ! alive member-controller-manager; then
+      start member-controller-manager "$BIN/kube-controller-manager" \
+        --kubeconfig "$MEMBER/controller-manager.kubeconfig" \
+        --authentication-kubeconfig "$MEMBER/controller-manager.kubeconfig" \
+        --authorization-kubeconfig "$MEMBER/controller-manager.kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port 20257 --leader-elect=false \
+        --cluster-signing-cert-file "$PKI/ca.crt" --cluster-signing-key-file "$PKI/ca.key" \
+        --root-ca-file "$PKI/ca.crt" --service-account-private-key-file "$PKI/sa.key" \
+        --use-service-account-credentials=true --service-cluster-ip-range "$MEMBER_SERVICE_CIDR" \
+        --allocate-node-cidrs=false --controllers '*' --profiling=false --v=1
+      wait_for member-controller-manager "member kube-controller-manager healthy" \
+        curl -sfk https://127.0.0.1:20257/healthz
+    fi
     echo "$KUBECONFIG_MEMBER"
     ;;
   stop-apiserver) stop member-apiserver ;;
   start-apiserver) start_apiserver ;;
   stop)
+    stop member-controller-manager
     stop member-apiserver
     stop member-etcd
     rm -rf "$MEMBER"

@@ -605,8 +605,8 @@ impl Drop for MemberClustersGone<'_> {
 /// Issue 17.1: the operator reaches a MemberCluster's API server with the
 /// kubeconfig of its Secret and writes what it found: the round trip and the
 /// version when it answers, the reason naming the server when it does not.
-/// Nodes placed in a member cluster are refused by name (pods in another
-/// cluster are not made yet) instead of running here.
+/// Nodes placed in a member cluster without a hub address for its agents are
+/// refused by field instead of running here.
 fn member_clusters_are_probed(c: &Cluster) {
     let ns = &c.namespace;
     let (reached, closed, secretless) = (
@@ -726,7 +726,8 @@ fn member_clusters_are_probed(c: &Cluster) {
 
     second_control_plane_comes_and_goes(c, &field, &reachable);
 
-    // A node placed in the member cluster: refused by name, nothing started.
+    // A node placed in a member cluster that does not say how its agents
+    // reach the hub: refused by field, nothing started.
     let wan = format!(
         "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: wan}}\nspec:\n  nodes: [{{name: a}}, {{name: b, cluster: {reached}}}]\n  links: [{{endpoints: [a, b], delay: 40ms}}]\n"
     );
@@ -742,10 +743,13 @@ fn member_clusters_are_probed(c: &Cluster) {
     let (status, reason, message) = condition(c, "wan", "Planned");
     assert_eq!(
         (status.as_str(), reason.as_str()),
-        ("False", "MemberClusterUnsupported"),
+        ("False", "InvalidPlacement"),
         "{message}"
     );
-    assert!(message.contains(&format!("b in {reached}")), "{message}");
+    assert!(
+        message.contains(&format!("membercluster/{reached} spec.hubAddress")),
+        "{message}"
+    );
     assert_eq!(
         c.ok(&[
             "get",
@@ -826,6 +830,136 @@ fn second_control_plane_comes_and_goes(
     let rtt = field(&name, ".status.rtt");
     assert!(!rtt.is_empty(), "a round trip to the second API server");
 
+    // Issue 17.2: a topology with node c in the member. The operator makes
+    // c's pod, its credential and the headless Service there through the
+    // member's API server, in the member's namespace (made for it), owned by
+    // labels rather than owner references. The member has no kubelet: c's
+    // pod stays Pending, a and b run here.
+    let far = format!("{}-far", c.namespace);
+    let in_member = |args: &[&str]| {
+        let mut all = vec!["--kubeconfig", kubeconfig.as_str()];
+        all.extend_from_slice(args);
+        c.kubectl_in(&far, &all)
+    };
+    let member_objects = |kind: &str| {
+        let out = in_member(&[
+            "get",
+            kind,
+            "-l",
+            "nextmini.io/topology=span",
+            "-o",
+            "jsonpath={.items[*].metadata.name}",
+        ]);
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let span = |nodes: &str| {
+        format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: span}}\nspec:\n  nodes: [{nodes}]\n  links: [{{endpoints: [a, b]}}, {{endpoints: [b, c]}}]\n"
+        )
+    };
+    let member_spec = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {name}}}\nspec:\n  region: us-west\n  namespace: {far}\n  hubAddress: nm-hub.{}.svc:50051\n  kubeconfigSecretRef: {{namespace: {}, name: member-second}}\n",
+        c.namespace, c.namespace
+    );
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &member_spec);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let applied = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &span(&format!(
+            "{{name: a}}, {{name: b}}, {{name: c, cluster: {name}}}"
+        )),
+    );
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    let t = Instant::now();
+    c.wait_for(
+        "c's pod in the member cluster",
+        Duration::from_secs(60),
+        || member_objects("pods") == "span-c",
+    );
+    println!(
+        "span: c's pod made in the member {:.1} s after kubectl apply",
+        t.elapsed().as_secs_f64()
+    );
+    let pod: serde_json::Value =
+        serde_json::from_slice(&in_member(&["get", "pod", "span-c", "-o", "json"]).stdout)
+            .expect("c's pod as JSON");
+    let uid = c.ok(&["get", "topology", "span", "-o", "jsonpath={.metadata.uid}"]);
+    assert_eq!(
+        pod["metadata"]["labels"]["nextmini.io/cluster"],
+        name.as_str()
+    );
+    assert_eq!(
+        pod["metadata"]["labels"]["nextmini.io/owner-uid"],
+        uid.as_str()
+    );
+    assert!(
+        pod["metadata"]["ownerReferences"].is_null(),
+        "no owner reference across clusters: {}",
+        pod["metadata"]
+    );
+    let args = pod["spec"]["containers"][0]["args"].to_string();
+    assert!(
+        args.contains(&format!(
+            "\"--hub\",\"https://nm-hub.{}.svc:50051\"",
+            c.namespace
+        )),
+        "c dials the member's hubAddress: {args}"
+    );
+    assert_eq!(member_objects("secrets"), "span-c-credentials");
+    assert_eq!(member_objects("services"), "nm-span");
+    let here = c.ok(&[
+        "get",
+        "pods",
+        "-l",
+        "nextmini.io/topology=span",
+        "-o",
+        "jsonpath={.items[*].metadata.name}",
+    ]);
+    assert_eq!(
+        here.trim(),
+        "span-a span-b",
+        "only a and b run in the operator's cluster"
+    );
+    let placement = |cluster: &str, what: &str| {
+        c.ok(&[
+            "get",
+            "topology",
+            "span",
+            "-o",
+            &format!("jsonpath={{.status.clusters[?(@.cluster==\"{cluster}\")].{what}}}"),
+        ])
+    };
+    c.wait_for(
+        "span's clusters in its status",
+        Duration::from_secs(60),
+        || placement(&name, "pods") == "1" && placement(&name, "reachable") == "true",
+    );
+    assert_eq!(placement(&name, "nodes"), "1");
+    assert_eq!(placement(&name, "namespace"), far);
+    // a and b forward across a-b, whatever the member does.
+    ephemeral(
+        c,
+        "span-a",
+        "client",
+        "exec python3 -c 'import time; time.sleep(36000)'",
+    );
+    let ping_b = || {
+        c.kubectl(&[
+            "exec", "span-a", "-c", "client", "--", "ping", "-c", "3", "-W", "3", "b",
+        ])
+        .status
+        .success()
+    };
+    c.wait_for("a's ping to b", Duration::from_secs(120), ping_b);
+
     let t = Instant::now();
     member("stop-apiserver");
     c.wait_for("the member Unreachable", Duration::from_secs(40), || {
@@ -846,6 +980,36 @@ fn second_control_plane_comes_and_goes(
         rtt,
         "the round trip stays while it is away"
     );
+    c.wait_for(
+        "span Degraded naming the member",
+        Duration::from_secs(40),
+        || condition(c, "span", "Degraded").1 == "MemberClusterUnreachable",
+    );
+    let (_, _, said) = condition(c, "span", "Degraded");
+    assert!(
+        said.contains(&format!("member cluster {name} is unreachable"))
+            && said.contains(":7443")
+            && said.contains("onnection refused"),
+        "names the member, its API server and what failed: {said}"
+    );
+    assert_eq!(placement(&name, "reachable"), "false");
+    println!(
+        "span Degraded {:.1} s after the member's API server stopped: {said}",
+        t.elapsed().as_secs_f64()
+    );
+    assert!(ping_b(), "a still pings b while c's cluster is away");
+    // A node added while the member is away is made when it returns.
+    let applied = c.kubectl_stdin(
+        &["apply", "-f", "-"],
+        &span(&format!(
+            "{{name: a}}, {{name: b}}, {{name: c, cluster: {name}}}, {{name: d, cluster: {name}}}"
+        )),
+    );
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
 
     let t = Instant::now();
     member("start-apiserver");
@@ -858,6 +1022,47 @@ fn second_control_plane_comes_and_goes(
         "member back: Reachable after {:.1} s",
         t.elapsed().as_secs_f64()
     );
+    c.wait_for(
+        "d's pod made in the member that came back",
+        Duration::from_secs(60),
+        || member_objects("pods") == "span-c span-d",
+    );
+    c.wait_for(
+        "span no longer Degraded by the member",
+        Duration::from_secs(40),
+        || condition(c, "span", "Degraded").1 != "MemberClusterUnreachable",
+    );
+    println!(
+        "member resynced {:.1} s after its API server started",
+        t.elapsed().as_secs_f64()
+    );
+
+    // Deleting the topology removes what it had in both clusters.
+    c.ok(&["delete", "topology", "span", "--timeout=60s"]);
+    for kind in ["pods", "secrets", "services"] {
+        assert_eq!(
+            member_objects(kind),
+            "",
+            "the member keeps no {kind} of span"
+        );
+    }
+    // The member had no kubelet, so its pods went at once; here they end
+    // within their grace period.
+    let left = || {
+        c.ok(&[
+            "get",
+            "pods,secrets,services",
+            "-l",
+            "nextmini.io/topology=span",
+            "-o",
+            "name",
+        ])
+        .trim()
+        .to_owned()
+    };
+    c.wait_for("span's objects here to go", Duration::from_secs(30), || {
+        left().is_empty()
+    });
     c.ok(&["delete", "secret", "member-second"]);
 }
 

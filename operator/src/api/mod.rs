@@ -39,9 +39,9 @@ pub use scenario::{
 };
 pub use socks::{SocksMode, SocksSpec, SocksUserSpec};
 pub use topology::{
-    AddressingSpec, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec, InlineLinkSpec, Mapping,
-    NodeSpec, Placement, RegionLinkSpec, ResourcesSpec, SpreadSpec, Topology, TopologySpec,
-    TopologyStatus, TtlMode,
+    AddressingSpec, ClusterPlacementStatus, CountSpec, DataplaneSpec, FatTreeSpec, GeneratorSpec,
+    InlineLinkSpec, Mapping, NodeSpec, Placement, RegionLinkSpec, ResourcesSpec, SpreadSpec,
+    Topology, TopologySpec, TopologyStatus, TtlMode,
 };
 pub use trace::{ConfigMapKey, TraceSpec, TraceTextError};
 

@@ -434,4 +434,40 @@ pub struct TopologyStatus {
     /// Links in the plan.
     #[serde(default)]
     pub links_total: u32,
+    /// Where the nodes run, per member cluster, when some run in a member
+    /// cluster other than the operator's own.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub clusters: Vec<ClusterPlacementStatus>,
+}
+
+/// What the operator keeps of a topology in one member cluster.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterPlacementStatus {
+    /// The MemberCluster's name; unset for the operator's own cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// The namespace of the topology's pods there.
+    #[serde(default)]
+    pub namespace: String,
+    /// Nodes placed there.
+    #[serde(default)]
+    pub nodes: u32,
+    /// Of those, agents connected and running the current generation.
+    #[serde(default)]
+    pub nodes_ready: u32,
+    /// Agent pods there.
+    #[serde(default)]
+    pub pods: u32,
+    /// Of those, pods in phase Running.
+    #[serde(default)]
+    pub pods_running: u32,
+    /// Whether the operator reached the cluster's API server at its last
+    /// reconcile; when not, its pods are left as they were until it answers
+    /// again.
+    #[serde(default)]
+    pub reachable: bool,
+    /// Why the cluster was not reachable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }

@@ -8,7 +8,7 @@ use super::build::{self, hash_of};
 use super::pod_files;
 use super::status::{self, Failure, Observed, Planning};
 use super::validate::{self, Invalid, Validated};
-use super::{Context, Error, MANAGER, TOPOLOGY_LABEL};
+use super::{Context, Error, MANAGER, TOPOLOGY_LABEL, remote};
 use crate::api::{ConditionStatus, Topology, TopologyStatus};
 use crate::pki::Credentials;
 use crate::plan::Manifest;
@@ -70,13 +70,42 @@ async fn make_it_so(
 ) -> Result<Action, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let key = topology_key::join(Some(&namespace), &topology.name_any());
-    let credentials = ensure_credentials(topology, ctx, validated).await?;
-    let generation = store_plan(ctx, validated, &namespace, manifest, &credentials).await?;
+    let home = Target::home(ctx, &namespace);
+    let credentials = ensure_credentials(topology, ctx, validated, &home).await?;
+    let (generation, restart) =
+        store_plan(ctx, validated, &namespace, manifest, &credentials).await?;
+    restart.run(&home, &key).await?;
     apply_object(&ctx.client, &namespace, &build::service(topology, &key)).await?;
-    sync_hosts(topology, ctx, validated).await?;
-    sync_pods(topology, ctx, validated).await?;
+    sync_hosts(topology, validated, &home).await?;
+    let (here, elsewhere): (Vec<Pod>, Vec<Pod>) =
+        build::agent_pods(topology, validated, &ctx.settings)
+            .into_iter()
+            .partition(|p| !p.labels().contains_key(remote::CLUSTER_LABEL));
+    let created = sync_pods(&home, &key, &here).await?;
+    if created > 0 {
+        publish(
+            ctx,
+            topology,
+            EventType::Normal,
+            "PodsCreated",
+            &format!("created {created} agent pod(s)"),
+        )
+        .await;
+    }
     let row = ctx.store.status(&key).await?;
-    let observed = observe(ctx, &namespace, &key, row.as_ref(), generation).await?;
+    let mut observed = observe(ctx, &home, &key, row.as_ref(), generation).await?;
+    let secrets = pod_files::credential_secrets(topology, &validated.plan, &credentials);
+    let remote = super::remote_sync::RemoteWork {
+        pods: elsewhere,
+        secrets,
+        restart: &restart,
+        row: row.as_ref(),
+        generation,
+        home_pods: observed.home_pods,
+    };
+    let elsewhere = super::remote_sync::sync(topology, ctx, validated, manifest, remote).await;
+    observed.clusters = elsewhere.clusters;
+    observed.pod_problems.extend(elsewhere.pod_problems);
     super::members::adopt(ctx, topology, manifest).await?;
     super::members::link_statuses(ctx, manifest, row.as_ref()).await?;
     super::members::flow_statuses(ctx, manifest, &key).await?;
@@ -149,16 +178,12 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<Action, Error
     {
         ctx.store.delete_topology(&key).await?;
     }
-    // One by one: the operator's role may delete pods, not collections.
-    delete_pods(ctx, &namespace, &key, |_| true).await?;
-    ignore_missing(
-        Api::<Service>::namespaced(ctx.client.clone(), &namespace)
-            .delete(&pods::service_name(&key), &DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )?;
-    sync_parts::<Secret>(ctx, &namespace, &key, Vec::new(), |s| &s.metadata).await?;
-    sync_parts::<ConfigMap>(ctx, &namespace, &key, Vec::new(), |c| &c.metadata).await?;
+    // Member clusters first: one that does not answer keeps the Topology
+    // (and its finalizer) until it does, or until its MemberCluster is
+    // deleted, so nothing is left running there unseen.
+    super::remote_sync::cleanup(topology, ctx).await?;
+    let home = Target::home(ctx, &namespace);
+    clear(&home, &key).await?;
     ctx.credentials.lock().await.remove(&key);
     publish(
         ctx,
@@ -201,6 +226,7 @@ async fn ensure_credentials(
     topology: &Topology,
     ctx: &Context,
     validated: &Validated,
+    home: &Target,
 ) -> Result<Credentials, Error> {
     let namespace = topology.namespace().unwrap_or_default();
     let plan = &validated.plan;
@@ -222,7 +248,7 @@ async fn ensure_credentials(
             // operators wrote for all nodes.
             let mut files = BTreeMap::new();
             let all = api
-                .list(&ListParams::default().labels(&selector(&plan.topology)))
+                .list(&ListParams::default().labels(&home.selector(&plan.topology)))
                 .await?;
             for secret in all.items {
                 for (k, v) in secret.data.unwrap_or_default() {
@@ -248,11 +274,10 @@ async fn ensure_credentials(
     let issued = Credentials::issue(&ca, &plan.topology, missing.into_iter())
         .map_err(crate::store::StoreError::from)?;
     credentials.nodes.extend(issued.nodes);
+    // Every node's Secret stays here, where the operator reads credentials
+    // back after a restart; nodes in member clusters get a copy there.
     let desired = pod_files::credential_secrets(topology, plan, &credentials);
-    sync_parts(ctx, &namespace, &plan.topology, desired, |s: &Secret| {
-        &s.metadata
-    })
-    .await?;
+    sync_parts(home, &plan.topology, desired, |s: &Secret| &s.metadata).await?;
     ctx.credentials
         .lock()
         .await
@@ -263,27 +288,67 @@ async fn ensure_credentials(
 /// A packed topology's node names, in ConfigMaps its worker pods mount.
 async fn sync_hosts(
     topology: &Topology,
-    ctx: &Context,
     validated: &Validated,
+    home: &Target,
 ) -> Result<(), Error> {
-    let namespace = topology.namespace().unwrap_or_default();
     let desired = pod_files::hosts_config_maps(topology, &validated.plan);
-    sync_parts(
-        ctx,
-        &namespace,
-        &validated.plan.topology,
-        desired,
-        |c: &ConfigMap| &c.metadata,
-    )
+    sync_parts(home, &validated.plan.topology, desired, |c: &ConfigMap| {
+        &c.metadata
+    })
     .await
+}
+
+/// Where the topology's objects go: the operator's own cluster, or a member
+/// cluster through its API server.
+pub(super) struct Target {
+    pub client: kube::Client,
+    pub namespace: String,
+    /// The MemberCluster, for a member cluster.
+    pub cluster: Option<String>,
+}
+
+impl Target {
+    pub fn home(ctx: &Context, namespace: &str) -> Self {
+        Target {
+            client: ctx.client.clone(),
+            namespace: namespace.to_owned(),
+            cluster: None,
+        }
+    }
+
+    /// The label selector of the topology's objects there, from its key:
+    /// labels carry the name alone (a label value holds no `/`), and the
+    /// namespace scopes them. The home's excludes objects made for a member
+    /// (a member may be the operator's own cluster under another kubeconfig).
+    pub fn selector(&self, topology: &str) -> String {
+        let name = topology_key::name_of(topology);
+        match &self.cluster {
+            None => format!("{TOPOLOGY_LABEL}={name},!{}", remote::CLUSTER_LABEL),
+            Some(c) => format!("{TOPOLOGY_LABEL}={name},{}={c}", remote::CLUSTER_LABEL),
+        }
+    }
+}
+
+/// Removes the topology's pods, Service, Secrets and ConfigMaps at `target`.
+pub(super) async fn clear(target: &Target, topology: &str) -> Result<(), Error> {
+    // One by one: the operator's role may delete pods, not collections.
+    delete_pods(target, topology, |_| true).await?;
+    ignore_missing(
+        Api::<Service>::namespaced(target.client.clone(), &target.namespace)
+            .delete(&pods::service_name(topology), &DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )?;
+    sync_parts::<Secret>(target, topology, Vec::new(), |s| &s.metadata).await?;
+    sync_parts::<ConfigMap>(target, topology, Vec::new(), |c| &c.metadata).await?;
+    Ok(())
 }
 
 /// Makes the topology's objects of one kind exactly `desired`: writes those
 /// whose content hash differs from the live one and deletes the rest (those
 /// of nodes that are gone, and the single Secret older operators wrote).
-async fn sync_parts<K>(
-    ctx: &Context,
-    namespace: &str,
+pub(super) async fn sync_parts<K>(
+    target: &Target,
     topology: &str,
     desired: Vec<K>,
     meta: impl Fn(&K) -> &ObjectMeta,
@@ -295,8 +360,8 @@ where
         + serde::de::DeserializeOwned
         + std::fmt::Debug,
 {
-    let api = Api::<K>::namespaced(ctx.client.clone(), namespace);
-    let selector = selector(topology);
+    let api = Api::<K>::namespaced(target.client.clone(), &target.namespace);
+    let selector = target.selector(topology);
     let live: HashMap<String, Option<String>> = api
         .list_metadata(&ListParams::default().labels(&selector))
         .await?
@@ -312,7 +377,7 @@ where
         let name = m.name.clone().unwrap_or_default();
         let wanted = pod_files::hash_of(m).map(str::to_string);
         if live.get(&name) != Some(&wanted) {
-            apply_object(&ctx.client, namespace, object).await?;
+            apply_object(&target.client, &target.namespace, object).await?;
         }
     }
     for name in live.keys() {
@@ -350,27 +415,52 @@ fn source_of(manifest: &Manifest) -> String {
         .to_string()
 }
 
-/// Stores the plan when it changed and returns the generation in force.
+/// Which pods a newly stored generation needs made afresh, wherever they run.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(super) enum Restart {
+    #[default]
+    Nothing,
+    /// Pods, by name, hosting nodes whose addresses changed.
+    Pods(Vec<String>),
+    /// Topology-wide settings changed (or it is new): every agent starts afresh.
+    All,
+}
+
+impl Restart {
+    /// Deletes the pods at `target`; the next sync makes them again.
+    pub(super) async fn run(&self, target: &Target, topology: &str) -> Result<(), Error> {
+        match self {
+            Restart::Nothing => Ok(()),
+            Restart::Pods(doomed) => {
+                delete_pods(target, topology, |p| doomed.contains(&p.name_any())).await
+            }
+            Restart::All => delete_pods(target, topology, |_| true).await,
+        }
+    }
+}
+
+/// Stores the plan when it changed and returns the generation in force, with
+/// the pods that must start afresh for it.
 async fn store_plan(
     ctx: &Context,
     validated: &Validated,
     namespace: &str,
     manifest: &Manifest,
     credentials: &Credentials,
-) -> Result<i64, Error> {
+) -> Result<(i64, Restart), Error> {
     let store = &ctx.store;
     let plan = &validated.plan;
     let source = source_of(manifest);
     if store.source_of(&plan.topology).await?.as_deref() == Some(source.as_str())
         && let Some(g) = store.generation(&plan.topology).await?
     {
-        return Ok(g);
+        return Ok((g, Restart::Nothing));
     }
     let changes = store
         .load_plan(&plan.topology)
         .await?
         .and_then(|(running, _)| running.node_changes(plan));
-    let generation = match changes {
+    let (generation, restart) = match changes {
         Some(changes) => {
             let added = credentials.token_hashes(changes.added.iter());
             let g = store
@@ -383,45 +473,33 @@ async fn store_plan(
                 .iter()
                 .filter(|n| changes.removed.contains(n))
                 .collect();
-            if !restarted.is_empty() {
-                let doomed = build::pods_hosting(plan, &restarted);
-                delete_pods(ctx, namespace, &plan.topology, |p| {
-                    doomed.contains(&p.name_any())
-                })
-                .await?;
+            if restarted.is_empty() {
+                (g, Restart::Nothing)
+            } else {
+                (g, Restart::Pods(build::pods_hosting(plan, &restarted)))
             }
-            g
         }
         None => {
             let all = credentials.token_hashes(plan.nodes.iter().map(|n| &n.name));
             let g = store
                 .apply_plan(plan, &pods::runtime_name(namespace), &source, &all)
                 .await?;
-            // Topology-wide settings changed (or it is new): agents start afresh.
-            delete_pods(ctx, namespace, &plan.topology, |_| true).await?;
-            g
+            (g, Restart::All)
         }
     };
     store.ensure_link_identity(&plan.topology).await?;
     tracing::info!(topology = %plan.topology, %namespace, generation, "stored a new generation");
-    Ok(generation)
-}
-
-/// The label selector of a topology's objects, from its key: labels carry
-/// the name alone (a label value holds no `/`), and the namespace scopes them.
-fn selector(topology: &str) -> String {
-    format!("{TOPOLOGY_LABEL}={}", topology_key::name_of(topology))
+    Ok((generation, restart))
 }
 
 async fn delete_pods(
-    ctx: &Context,
-    namespace: &str,
+    target: &Target,
     topology: &str,
     which: impl Fn(&Pod) -> bool,
 ) -> Result<(), Error> {
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), namespace);
+    let api = Api::<Pod>::namespaced(target.client.clone(), &target.namespace);
     let existing = api
-        .list(&ListParams::default().labels(&selector(topology)))
+        .list(&ListParams::default().labels(&target.selector(topology)))
         .await?;
     for pod in existing.items.iter().filter(|p| which(p)) {
         ignore_missing(
@@ -434,20 +512,22 @@ async fn delete_pods(
 }
 
 /// Creates missing pods, replaces those whose spec changed and removes those
-/// of nodes that are gone.
-async fn sync_pods(topology: &Topology, ctx: &Context, validated: &Validated) -> Result<(), Error> {
-    let namespace = topology.namespace().unwrap_or_default();
-    let api = Api::<Pod>::namespaced(ctx.client.clone(), &namespace);
+/// of nodes that are gone; returns how many it created.
+pub(super) async fn sync_pods(
+    target: &Target,
+    topology: &str,
+    desired: &[Pod],
+) -> Result<usize, Error> {
+    let api = Api::<Pod>::namespaced(target.client.clone(), &target.namespace);
     let existing: HashMap<String, Pod> = api
-        .list(&ListParams::default().labels(&selector(&validated.plan.topology)))
+        .list(&ListParams::default().labels(&target.selector(topology)))
         .await?
         .items
         .into_iter()
         .map(|p| (p.name_any(), p))
         .collect();
-    let desired = build::agent_pods(topology, validated, &ctx.settings);
     let mut created = 0;
-    for pod in &desired {
+    for pod in desired {
         match existing.get(&pod.name_any()) {
             None => match api.create(&PostParams::default(), pod).await {
                 Ok(_) => created += 1,
@@ -466,28 +546,18 @@ async fn sync_pods(topology: &Topology, ctx: &Context, validated: &Validated) ->
             Some(_) => {}
         }
     }
-    let wanted: Vec<String> = desired.iter().map(|p| p.name_any()).collect();
+    let wanted: std::collections::HashSet<String> = desired.iter().map(|p| p.name_any()).collect();
     for (pod, live) in &existing {
         if !wanted.contains(pod) && live.metadata.deletion_timestamp.is_none() {
             ignore_missing(api.delete(pod, &DeleteParams::default()).await.map(|_| ()))?;
         }
     }
-    if created > 0 {
-        publish(
-            ctx,
-            topology,
-            EventType::Normal,
-            "PodsCreated",
-            &format!("created {created} agent pod(s)"),
-        )
-        .await;
-    }
-    Ok(())
+    Ok(created)
 }
 
 async fn observe(
     ctx: &Context,
-    namespace: &str,
+    home: &Target,
     topology: &str,
     row: Option<&crate::store::TopologyStatusRow>,
     generation: i64,
@@ -524,10 +594,16 @@ async fn observe(
             .map(|e| e.describe())
             .collect();
     }
-    let pods = Api::<Pod>::namespaced(ctx.client.clone(), namespace)
-        .list(&ListParams::default().labels(&selector(topology)))
+    let pods = Api::<Pod>::namespaced(home.client.clone(), &home.namespace)
+        .list(&ListParams::default().labels(&home.selector(topology)))
         .await?;
     let now = k8s_openapi::jiff::Timestamp::now();
+    let running = pods
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
+        .count();
+    observed.home_pods = (pods.items.len() as u32, running as u32);
     for pod in &pods.items {
         let health = super::health::of_pod(pod, now);
         observed.pod_problems.extend(health.blocking);
@@ -615,7 +691,13 @@ async fn write_status(
     Ok(ready)
 }
 
-async fn publish(ctx: &Context, topology: &Topology, type_: EventType, reason: &str, note: &str) {
+pub(super) async fn publish(
+    ctx: &Context,
+    topology: &Topology,
+    type_: EventType,
+    reason: &str,
+    note: &str,
+) {
     // Events carry at most 1 kB of note.
     let note: String = note.chars().take(1000).collect();
     let event = Event {
@@ -635,7 +717,11 @@ async fn publish(ctx: &Context, topology: &Topology, type_: EventType, reason: &
 }
 
 /// Server-side apply of an object the operator owns.
-async fn apply_object<K>(client: &kube::Client, namespace: &str, object: &K) -> Result<(), Error>
+pub(super) async fn apply_object<K>(
+    client: &kube::Client,
+    namespace: &str,
+    object: &K,
+) -> Result<(), Error>
 where
     K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -656,7 +742,7 @@ where
     Ok(())
 }
 
-fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
+pub(super) fn ignore_missing(result: Result<(), kube::Error>) -> Result<(), Error> {
     match result {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
         other => Ok(other?),

@@ -122,17 +122,25 @@ pub fn agent_pods(owner: &Topology, validated: &Validated, settings: &Settings) 
                 .get(&node.name)
                 .cloned()
                 .unwrap_or_default();
-            agent_pod(owner, &plan.topology, node, &aliases, user, settings)
+            let remote = validated.remote_of(node);
+            let hub = remote.map_or(settings.hub_address.as_str(), |r| r.hub_address.as_str());
+            let mut pod = agent_pod(owner, &plan.topology, node, &aliases, user, settings, hub);
+            if let Some(r) = remote {
+                let cluster = node.cluster.as_deref().unwrap_or_default();
+                let uid = owner.metadata.uid.as_deref();
+                super::remote::move_into(&mut pod.metadata, cluster, &r.namespace, uid);
+            }
+            pod
         })
         .collect()
 }
 
 /// The agent's command line; SOCKS servers listen inside the pod, where the
 /// node's own containers reach them.
-fn agent_args(topology: &str, node: &PlannedNode, settings: &Settings) -> Vec<String> {
+fn agent_args(topology: &str, node: &PlannedNode, hub: &str) -> Vec<String> {
     let mut args = vec![
         "--hub".into(),
-        settings.hub_address.clone(),
+        hub.to_owned(),
         "--topology".into(),
         topology.to_string(),
         "--node".into(),
@@ -181,13 +189,14 @@ fn agent_pod(
     aliases: &[HostAlias],
     user_containers: Vec<Container>,
     settings: &Settings,
+    hub: &str,
 ) -> Pod {
     let agent = Container {
         name: "agent".into(),
         image: Some(settings.agent_image.clone()),
         image_pull_policy: Some(settings.agent_image_pull_policy.clone()),
         command: Some(vec!["nextmini-agent".into()]),
-        args: Some(agent_args(topology, node, settings)),
+        args: Some(agent_args(topology, node, hub)),
         env: Some(pod_env(topology, settings)),
         // The TUN device needs NET_ADMIN and nothing else.
         security_context: Some(SecurityContext {
@@ -551,6 +560,104 @@ mod tests {
         let v = validate(&assemble(&t, vec![], vec![]), "lab", None).expect("valid");
         let pods = agent_pods(&t, &v, &settings());
         (t, pods)
+    }
+
+    const WAN: &str = "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: wan}\nspec:\n  nodes: [{name: a}, {name: b, cluster: eu}]\n  links: [{endpoints: [a, b]}]\n";
+
+    /// A manifest of `topology` beside the member cluster `eu` (YAML spec).
+    pub(crate) fn with_member(t: &Topology, member_spec: &str) -> crate::plan::Manifest {
+        let mut m = assemble(t, vec![], vec![]);
+        let member: crate::api::MemberCluster = serde_norway::from_str(&format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: eu}}\nspec: {member_spec}\n"
+        ))
+        .expect("member fixture parses");
+        m.member_clusters.push(crate::plan::Doc {
+            origin: "membercluster/eu".into(),
+            object: member,
+        });
+        m
+    }
+
+    #[test]
+    fn a_node_in_a_member_cluster_gets_a_pod_there_dialing_its_hub_address() {
+        let t = topology(WAN);
+        let m = with_member(
+            &t,
+            "{region: eu-west, namespace: far, hubAddress: '203.0.113.7:30051', kubeconfigSecretRef: {namespace: nextmini, name: eu}}",
+        );
+        let v = validate(&m, "lab", None).expect("valid");
+        let pods = agent_pods(&t, &v, &settings());
+        let (a, b) = (&pods[0], &pods[1]);
+        let hub = |p: &Pod| {
+            let args = p.spec.as_ref().expect("spec").containers[0]
+                .args
+                .clone()
+                .expect("args");
+            args.windows(2)
+                .find(|w| w[0] == "--hub")
+                .map(|w| w[1].clone())
+        };
+        assert_eq!(hub(a), Some(settings().hub_address));
+        assert!(
+            a.labels()
+                .get(crate::controller::remote::CLUSTER_LABEL)
+                .is_none()
+        );
+        assert!(a.metadata.owner_references.is_some());
+        assert_eq!(hub(b).as_deref(), Some("https://203.0.113.7:30051"));
+        assert_eq!(b.namespace().as_deref(), Some("far"));
+        assert_eq!(
+            b.labels()
+                .get(crate::controller::remote::CLUSTER_LABEL)
+                .map(String::as_str),
+            Some("eu")
+        );
+        assert_eq!(
+            b.labels()
+                .get(crate::controller::remote::OWNER_UID_LABEL)
+                .map(String::as_str),
+            Some("0000-uid")
+        );
+        // An owner in another cluster would have the member's garbage
+        // collector delete the pod at once.
+        assert!(b.metadata.owner_references.is_none());
+    }
+
+    #[test]
+    fn nodes_in_a_member_cluster_need_its_hub_address_and_pods_of_their_own() {
+        let t = topology(WAN);
+        let secret = "kubeconfigSecretRef: {namespace: nextmini, name: eu}";
+        let no_hub = validate(
+            &with_member(&t, &format!("{{region: eu-west, {secret}}}")),
+            "lab",
+            None,
+        )
+        .expect_err("must be refused");
+        assert_eq!(no_hub.reason, "InvalidPlacement");
+        assert!(
+            no_hub.message.contains("membercluster/eu spec.hubAddress")
+                && no_hub.message.contains("b"),
+            "{}",
+            no_hub.message
+        );
+        let packed = topology(&WAN.replace("spec:\n", "spec:\n  placement: packed\n"));
+        let refused = validate(
+            &with_member(
+                &packed,
+                &format!("{{region: eu-west, hubAddress: 'h:1', {secret}}}"),
+            ),
+            "lab",
+            None,
+        )
+        .expect_err("must be refused");
+        assert!(
+            refused.message.contains("spec.placement"),
+            "{}",
+            refused.message
+        );
+        // The operator's own cluster, named: no hub address needed.
+        let home = validate(&with_member(&t, "{region: eu-west}"), "lab", None).expect("valid");
+        assert!(home.remote.is_empty());
     }
 
     #[test]

@@ -10,10 +10,8 @@
 use super::MANAGER;
 use crate::api::{API_VERSION, Condition, ConditionStatus, MemberCluster, MemberClusterStatus};
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Patch, PatchParams};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
 use kube::{Api, Client, ResourceExt};
@@ -188,58 +186,10 @@ pub async fn probe(client: &Client, cluster: &MemberCluster) -> Probe {
             ),
         };
     };
-    let at = format!(
-        "secret {}/{} key {:?}",
-        secret_ref.namespace, secret_ref.name, secret_ref.key
-    );
-    let secret = match Api::<Secret>::namespaced(client.clone(), &secret_ref.namespace)
-        .get_opt(&secret_ref.name)
-        .await
-    {
-        Ok(Some(s)) => s,
-        Ok(None) => {
-            return failed(
-                "SecretNotFound",
-                format!("spec.kubeconfigSecretRef: {at}: no such Secret"),
-            );
-        }
-        Err(e) => {
-            return failed(
-                "SecretUnreadable",
-                format!("spec.kubeconfigSecretRef: {at}: {e}"),
-            );
-        }
+    let config = match super::remote::config_from_secret(client, secret_ref, PROBE_TIMEOUT).await {
+        Ok((config, _)) => config,
+        Err(e) => return failed(e.reason, e.message),
     };
-    let Some(bytes) = secret.data.as_ref().and_then(|d| d.get(&secret_ref.key)) else {
-        return failed(
-            "KeyNotFound",
-            format!("spec.kubeconfigSecretRef.key: {at}: the Secret has no such key"),
-        );
-    };
-    let text = match std::str::from_utf8(&bytes.0) {
-        Ok(t) => t,
-        Err(_) => {
-            return failed(
-                "InvalidKubeconfig",
-                format!("spec.kubeconfigSecretRef: {at}: not UTF-8"),
-            );
-        }
-    };
-    let config = match Kubeconfig::from_yaml(text) {
-        Ok(k) => kube::Config::from_custom_kubeconfig(k, &KubeConfigOptions::default()).await,
-        Err(e) => Err(e),
-    };
-    let mut config = match config {
-        Ok(c) => c,
-        Err(e) => {
-            return failed(
-                "InvalidKubeconfig",
-                format!("spec.kubeconfigSecretRef: {at}: {e}"),
-            );
-        }
-    };
-    config.connect_timeout = Some(PROBE_TIMEOUT);
-    config.read_timeout = Some(PROBE_TIMEOUT);
     let server = config.cluster_url.to_string();
     let rtt = match handshake_rtt(&config.cluster_url).await {
         Ok(rtt) => rtt,

@@ -18,6 +18,8 @@ pub mod member_clusters;
 pub mod members;
 pub mod orphans;
 pub mod pod_files;
+pub mod remote;
+pub mod remote_sync;
 pub mod status;
 pub mod validate;
 
@@ -66,6 +68,8 @@ pub struct Context {
     /// The credentials each topology's Secrets hold (`namespace/name`), so a
     /// reconcile need not read them back.
     pub credentials: tokio::sync::Mutex<std::collections::HashMap<String, crate::pki::Credentials>>,
+    /// Clients of the member clusters that run nodes.
+    pub remotes: remote::Clients,
 }
 
 /// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if
@@ -140,6 +144,7 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         recorder,
         operator_pod,
         credentials: Default::default(),
+        remotes: Default::default(),
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));

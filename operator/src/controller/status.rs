@@ -32,6 +32,28 @@ pub struct Observed {
     pub unfaithful: Vec<String>,
     /// Whether any of them is still going on.
     pub unfaithful_now: bool,
+    /// Per member cluster, when nodes run outside the operator's own.
+    pub clusters: Vec<crate::api::ClusterPlacementStatus>,
+    /// The topology's pods in the operator's own cluster, and how many run.
+    pub home_pods: (u32, u32),
+}
+
+impl Observed {
+    /// The member clusters the operator could not reach, each with why.
+    fn unreachable_clusters(&self) -> Vec<String> {
+        self.clusters
+            .iter()
+            .filter(|c| !c.reachable)
+            .map(|c| {
+                format!(
+                    "member cluster {} is unreachable ({} node(s) there; their pods are left as they were until it answers): {}",
+                    c.cluster.as_deref().unwrap_or("(the operator's own)"),
+                    c.nodes,
+                    c.message.as_deref().unwrap_or("no answer")
+                )
+            })
+            .collect()
+    }
 }
 
 /// The outcome of planning, for the `Planned` condition.
@@ -154,7 +176,15 @@ pub fn next(
         let links_stuck = nodes_ok
             && !links_ok
             && agents_ready_since.is_some_and(|since| now.0.duration_since(since) >= LINKS_GRACE);
-        if !o.pod_problems.is_empty() {
+        let unreachable = o.unreachable_clusters();
+        if !unreachable.is_empty() {
+            push(
+                "Degraded",
+                ConditionStatus::True,
+                "MemberClusterUnreachable",
+                summarize(&unreachable),
+            );
+        } else if !o.pod_problems.is_empty() {
             let all: Vec<String> = o
                 .pod_problems
                 .iter()
@@ -321,6 +351,12 @@ pub fn next(
             .map(|p| (p.nodes_ready, p.nodes_total, p.links_up, p.links_total))
             .unwrap_or_default(),
     };
+    // Also what tells a later reconcile (and the cleanup) which member
+    // clusters may still hold the topology's pods.
+    let clusters = match observed {
+        Some(o) => o.clusters.clone(),
+        None => previous.map(|p| p.clusters.clone()).unwrap_or_default(),
+    };
     TopologyStatus {
         observed_generation: generation,
         conditions,
@@ -328,6 +364,7 @@ pub fn next(
         nodes_total,
         links_up,
         links_total,
+        clusters,
     }
 }
 
@@ -382,6 +419,49 @@ mod tests {
 
     fn get<'a>(s: &'a TopologyStatus, t: &str) -> &'a Condition {
         condition(Some(s), t).expect("condition present")
+    }
+
+    #[test]
+    fn an_unreachable_member_cluster_degrades_the_topology_by_name() {
+        let mut o = observed(3, 2);
+        o.clusters = vec![
+            crate::api::ClusterPlacementStatus {
+                nodes: 2,
+                reachable: true,
+                ..Default::default()
+            },
+            crate::api::ClusterPlacementStatus {
+                cluster: Some("eu-west".into()),
+                nodes: 1,
+                reachable: false,
+                message: Some("API server https://10.0.0.9:7443: connection refused".into()),
+                ..Default::default()
+            },
+        ];
+        let s = next(None, Some(1), Planning::Planned, Some(&o), at(0));
+        let d = get(&s, "Degraded");
+        assert_eq!(
+            (d.status, d.reason.as_str()),
+            (ConditionStatus::True, "MemberClusterUnreachable")
+        );
+        assert!(
+            d.message
+                .contains("member cluster eu-west is unreachable (1 node(s) there")
+                && d.message.contains("connection refused"),
+            "{}",
+            d.message
+        );
+        // The nodes elsewhere still forward: Ready goes by the agents and links.
+        assert_eq!(get(&s, "Ready").status, ConditionStatus::True);
+        assert_eq!(
+            s.clusters, o.clusters,
+            "the status remembers where pods are"
+        );
+        // Back: no longer degraded.
+        o.clusters[1].reachable = true;
+        o.clusters[1].message = None;
+        let back = next(Some(&s), Some(1), Planning::Planned, Some(&o), at(10));
+        assert_eq!(get(&back, "Degraded").status, ConditionStatus::False);
     }
 
     #[test]

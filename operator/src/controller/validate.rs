@@ -2,7 +2,7 @@
 //! what only a cluster needs checked. Errors become an `Invalid` condition that
 //! names the object, the field and the reason; nothing running is touched.
 
-use crate::api::Topology;
+use crate::api::{MemberCluster, Topology};
 use crate::plan::{self, LINK_PORT, Manifest, Packing, Placement, Plan};
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::Container;
@@ -16,6 +16,15 @@ pub struct Validated {
     pub containers: BTreeMap<String, Vec<Container>>,
     /// Packed placement: the image of the worker pods, when the spec names one.
     pub worker_image: Option<String>,
+    /// The member clusters running some of the nodes, by MemberCluster name.
+    pub remote: BTreeMap<String, RemoteCluster>,
+}
+
+impl Validated {
+    /// The member cluster a node runs in, when not the operator's own.
+    pub fn remote_of(&self, node: &crate::plan::PlannedNode) -> Option<&RemoteCluster> {
+        self.remote.get(node.cluster.as_deref()?)
+    }
 }
 
 /// Why a topology cannot run; shown as the reason and message of its
@@ -76,7 +85,7 @@ pub fn validate(
             ),
         });
     }
-    remote_nodes(manifest, &plan)?;
+    let remote = remote_clusters(manifest, &plan, namespace)?;
     let containers = user_containers(topology)?;
     match plan.packing() {
         Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
@@ -95,37 +104,80 @@ pub fn validate(
         plan,
         containers,
         worker_image: topology.spec.worker_image.clone(),
+        remote,
     })
 }
 
-/// Nodes placed in a MemberCluster other than the operator's own are refused
-/// by name: this operator does not yet create pods through another cluster's
-/// API server, and running them here instead would hide the WAN the user asked
-/// for.
-fn remote_nodes(manifest: &Manifest, plan: &Plan) -> Result<(), Invalid> {
-    let remote: Vec<&str> = manifest
-        .member_clusters
-        .iter()
-        .filter(|d| d.object.spec.kubeconfig_secret_ref.is_some())
-        .filter_map(|d| d.object.metadata.name.as_deref())
-        .collect();
-    let placed: Vec<String> = plan
-        .nodes
-        .iter()
-        .filter(|n| n.cluster.as_deref().is_some_and(|c| remote.contains(&c)))
-        .map(|n| format!("{} in {}", n.name, n.cluster.as_deref().unwrap_or_default()))
-        .collect();
-    let Some(first) = placed.first() else {
-        return Ok(());
-    };
-    Err(Invalid {
-        reason: "MemberClusterUnsupported",
-        message: format!(
-            "spec.nodes: {} node(s) are placed in another cluster ({first}{}): this operator runs nodes only in its own cluster so far (nodes without cluster or region, or in the MemberCluster without a kubeconfig); regions and regionLinks work inside one cluster, and `nextmini up` runs the whole topology on one machine",
-            placed.len(),
-            if placed.len() > 1 { ", ..." } else { "" }
-        ),
-    })
+/// A member cluster that runs some of the topology's nodes, and what its
+/// pods need: the hub address they dial and the namespace they go into.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemoteCluster {
+    pub member: MemberCluster,
+    pub hub_address: String,
+    pub namespace: String,
+}
+
+/// The member clusters (those with a kubeconfig) that run nodes of the plan.
+/// Refused by name: packed placement across clusters (a worker pod hosts
+/// nodes of one cluster, and workers are dealt out by node index, not by
+/// cluster), and a member whose agents would not know where the hub is.
+fn remote_clusters(
+    manifest: &Manifest,
+    plan: &Plan,
+    namespace: &str,
+) -> Result<BTreeMap<String, RemoteCluster>, Invalid> {
+    let mut remote = BTreeMap::new();
+    for doc in &manifest.member_clusters {
+        let member = &doc.object;
+        let name = member.metadata.name.clone().unwrap_or_default();
+        if member.spec.kubeconfig_secret_ref.is_none() {
+            continue;
+        }
+        let placed: Vec<&str> = plan
+            .nodes
+            .iter()
+            .filter(|n| n.cluster.as_deref() == Some(name.as_str()))
+            .map(|n| n.name.as_str())
+            .collect();
+        let Some(first) = placed.first() else {
+            continue;
+        };
+        if plan.packing().is_some() {
+            return Err(Invalid {
+                reason: "InvalidPlacement",
+                message: format!(
+                    "spec.placement: packed placement runs in the operator's own cluster only, yet node {first} is placed in member cluster {name}; use placement: pod for a topology across clusters"
+                ),
+            });
+        }
+        let Some(hub_address) = member.spec.hub_address.clone() else {
+            return Err(Invalid {
+                reason: "InvalidPlacement",
+                message: format!(
+                    "membercluster/{name} spec.hubAddress: required to run nodes there ({} node(s), e.g. {first}): the hub Service resolves only in the operator's own cluster, so agents in {name} need an address that reaches it",
+                    placed.len()
+                ),
+            });
+        };
+        let hub_address = if hub_address.contains("://") {
+            hub_address
+        } else {
+            format!("https://{hub_address}")
+        };
+        remote.insert(
+            name,
+            RemoteCluster {
+                member: member.clone(),
+                hub_address,
+                namespace: member
+                    .spec
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| namespace.to_owned()),
+            },
+        );
+    }
+    Ok(remote)
 }
 
 /// What packed placement cannot run: containers of a node (its namespace is
