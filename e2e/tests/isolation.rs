@@ -247,9 +247,12 @@ fn the_same_name_in_two_namespaces_runs_as_two_topologies() {
         (12.0..16.0).contains(&rtt_b),
         "team-b/wan runs 6 ms each way: {rtt_b}"
     );
-    assert!(
-        link_counter(&env, "team-a/wan", "x-y", "x", "tx_bytes") > 0,
-        "team-a's pings on team-a's counters"
+    // Counters reach the store with the agent's next report, up to a
+    // report interval after the pings.
+    env.wait_for(
+        "team-a's pings on team-a's counters",
+        Duration::from_secs(10),
+        || link_counter(&env, "team-a/wan", "x-y", "x", "tx_bytes") > 0,
     );
 
     let metrics = env.agent_metrics("team-a/wan", "x");

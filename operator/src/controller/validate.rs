@@ -146,7 +146,7 @@ fn remote_clusters(
             return Err(Invalid {
                 reason: "InvalidPlacement",
                 message: format!(
-                    "spec.placement: packed placement runs in the operator's own cluster only, yet node {first} is placed in member cluster {name}; use placement: pod for a topology across clusters"
+                    "spec.placement: packed placement runs in the operator's own cluster only, yet node {first} is placed in member cluster {name}; use placement: pod-per-node (or leave it unset) for a topology across clusters"
                 ),
             });
         }
