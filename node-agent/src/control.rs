@@ -4,6 +4,7 @@
 
 use crate::dataplane::{ApplyError, Dataplane};
 use hyper_util::rt::TokioIo;
+use nextmini_proto::error_chain::error_chain;
 use nextmini_proto::tls::{HUB_SERVER_NAME, TlsError, client_config};
 use nextmini_proto::v1 as pb;
 use pb::control_client::ControlClient;
@@ -391,22 +392,6 @@ impl IdleReports {
         }
         due
     }
-}
-
-/// The error and its sources: tonic's transport errors say only "transport
-/// error" and keep the TLS reason underneath.
-fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 fn message(msg: pb::agent_message::Msg) -> pb::AgentMessage {

@@ -15,5 +15,6 @@ pub mod v1 {
 /// cannot exchange packets with this build's.
 pub const PROTOCOL_VERSION: u32 = 2;
 
+pub mod error_chain;
 pub mod tls;
 pub mod topology_key;

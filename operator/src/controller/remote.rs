@@ -164,23 +164,6 @@ impl Clients {
     }
 }
 
-/// An error with every cause it wraps: a refused connection shows as
-/// `client error (Connect): tcp connect error: Connection refused`, not only
-/// as its outermost `client error (Connect)`.
-pub fn with_causes(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        let said = cause.to_string();
-        if !text.contains(&said) {
-            text.push_str(": ");
-            text.push_str(&said);
-        }
-        source = cause.source();
-    }
-    text
-}
-
 /// Makes an object built for the operator's own cluster one for `cluster`:
 /// its namespace there, no owner reference, the member's and the owner's
 /// labels.

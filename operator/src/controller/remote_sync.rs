@@ -218,9 +218,10 @@ impl Failed {
             Error::Kube(kube::Error::Api(status)) => {
                 Failed::Refused(format!("{} ({})", status.message, status.reason))
             }
-            Error::Kube(e) => {
-                Failed::Unreachable(format!("API server {server}: {}", remote::with_causes(&e)))
-            }
+            Error::Kube(e) => Failed::Unreachable(format!(
+                "API server {server}: {}",
+                nextmini_proto::error_chain::error_chain(&e)
+            )),
             other => Failed::Unreachable(other.to_string()),
         }
     }
@@ -356,7 +357,11 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
             };
             apply::clear(&target, &key).await.map_err(|e| match e {
                 Error::Kube(e) => {
-                    format!("API server {}: {}", remote.server, remote::with_causes(&e))
+                    format!(
+                        "API server {}: {}",
+                        remote.server,
+                        nextmini_proto::error_chain::error_chain(&e)
+                    )
                 }
                 other => other.to_string(),
             })
