@@ -405,9 +405,16 @@ fn cpu_limits_keep_busy_nodes_off_a_links_bandwidth() {
         let mut busy = Vec::new();
         for node in BUSY {
             for _ in 0..LOOPS {
+                // At nice -10 a loop weighs about nine times an agent thread,
+                // so without limits the loops take the agents' CPU even with
+                // the wake-up credit a sleeping agent thread gets; with limits
+                // the node's group is capped whatever its members' weights.
                 busy.push((
                     node,
-                    env.spawn_in(node, &["python3", "-c", "while True: pass"]),
+                    env.spawn_in(
+                        node,
+                        &["nice", "-n", "-10", "python3", "-c", "while True: pass"],
+                    ),
                 ));
             }
         }
