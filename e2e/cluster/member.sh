@@ -110,11 +110,25 @@ case ${1:-} in
       wait_for member-controller-manager "member kube-controller-manager healthy" \
         curl -sfk https://127.0.0.1:20257/healthz
     fi
+    # A scheduler, so the member says (in its events) why a pod there
+    # cannot run: it has no kubelet.
+    sed "s|server: https://$NODE_IP:6443|server: $APISERVER|" "$PKI/scheduler.kubeconfig" \
+      >"$MEMBER/scheduler.kubeconfig"
+    chmod 600 "$MEMBER/scheduler.kubeconfig"
+    if ! alive member-scheduler; then
+      start member-scheduler "$BIN/kube-scheduler" \
+        --kubeconfig "$MEMBER/scheduler.kubeconfig" \
+        --authentication-kubeconfig "$MEMBER/scheduler.kubeconfig" \
+        --authorization-kubeconfig "$MEMBER/scheduler.kubeconfig" \
+        --bind-address 127.0.0.1 --secure-port 20259 --leader-elect=false --profiling=false --v=1
+      wait_for member-scheduler "member kube-scheduler healthy" curl -sfk https://127.0.0.1:20259/healthz
+    fi
     echo "$KUBECONFIG_MEMBER"
     ;;
   stop-apiserver) stop member-apiserver ;;
   start-apiserver) start_apiserver ;;
   stop)
+    stop member-scheduler
     stop member-controller-manager
     stop member-apiserver
     stop member-etcd

@@ -944,6 +944,29 @@ fn second_control_plane_comes_and_goes(
     );
     assert_eq!(placement(&name, "nodes"), "1");
     assert_eq!(placement(&name, "namespace"), far);
+    // The member's scheduler cannot place c (the member has no nodes); its
+    // warning is repeated on the Topology here, naming the member and pod.
+    let t = Instant::now();
+    let mirrored = || {
+        c.ok(&[
+            "get",
+            "events",
+            "--field-selector",
+            "involvedObject.kind=Topology,involvedObject.name=span,reason=FailedScheduling",
+            "-o",
+            "jsonpath={.items[*].message}",
+        ])
+    };
+    c.wait_for(
+        "the member's FailedScheduling on span",
+        Duration::from_secs(60),
+        || mirrored().contains(&format!("member cluster {name}, pod {far}/span-c: ")),
+    );
+    println!(
+        "span: the member's warning on the Topology {:.1} s after c's pod: {}",
+        t.elapsed().as_secs_f64(),
+        mirrored()
+    );
     // a and b forward across a-b, whatever the member does.
     ephemeral(
         c,

@@ -15,6 +15,7 @@ pub mod build;
 pub mod fetch;
 pub mod health;
 pub mod member_clusters;
+pub mod member_events;
 pub mod members;
 pub mod orphans;
 pub mod pod_files;
@@ -70,6 +71,8 @@ pub struct Context {
     pub credentials: tokio::sync::Mutex<std::collections::HashMap<String, crate::pki::Credentials>>,
     /// Clients of the member clusters that run nodes.
     pub remotes: remote::Clients,
+    /// The member clusters' warnings already repeated on topologies.
+    pub member_events: member_events::Repeated,
 }
 
 /// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if
@@ -145,6 +148,7 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         operator_pod,
         credentials: Default::default(),
         remotes: Default::default(),
+        member_events: Default::default(),
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));

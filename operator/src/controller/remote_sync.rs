@@ -145,7 +145,7 @@ pub(super) async fn sync(
                 namespace: namespace.clone(),
                 cluster: Some(name.clone()),
             };
-            sync_one(topology, &target, key, &pods, &work)
+            sync_one(ctx, topology, &target, key, &pods, &work)
                 .await
                 .map_err(|e| Failed::of(e, &remote.server))
         })
@@ -234,6 +234,7 @@ struct Seen {
 }
 
 async fn sync_one(
+    ctx: &Context,
     topology: &Topology,
     target: &Target,
     key: &str,
@@ -290,6 +291,19 @@ async fn sync_one(
         seen.problems
             .extend(super::health::of_pod(pod, now).blocking);
     }
+    let live_pods: BTreeMap<String, String> = live
+        .items
+        .iter()
+        .filter_map(|p| Some((p.name_any(), p.metadata.uid.clone()?)))
+        .collect();
+    super::member_events::mirror(
+        ctx,
+        topology,
+        key,
+        (&target.client, cluster, &target.namespace),
+        &live_pods,
+    )
+    .await;
     Ok(seen)
 }
 
@@ -373,6 +387,7 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
         }
     }
     if waiting.is_empty() {
+        ctx.member_events.forget(&key);
         return Ok(());
     }
     let message = format!(
