@@ -983,6 +983,14 @@ fn second_control_plane_comes_and_goes(
     };
     c.wait_for("a's ping to b", Duration::from_secs(120), ping_b);
 
+    let uid_of_c = || {
+        String::from_utf8_lossy(
+            &in_member(&["get", "pod", "span-c", "-o", "jsonpath={.metadata.uid}"]).stdout,
+        )
+        .trim()
+        .to_owned()
+    };
+    let c_before = uid_of_c();
     let t = Instant::now();
     member("stop-apiserver");
     c.wait_for("the member Unreachable", Duration::from_secs(40), || {
@@ -1021,12 +1029,15 @@ fn second_control_plane_comes_and_goes(
         t.elapsed().as_secs_f64()
     );
     assert!(ping_b(), "a still pings b while c's cluster is away");
-    // A node added while the member is away is made when it returns.
+    // A node added while the member is away is made when it returns; and a
+    // topology-wide change (the dataplane's processors: every agent starts
+    // afresh, though no pod spec changes) restarts c's agent there too.
     let applied = c.kubectl_stdin(
         &["apply", "-f", "-"],
         &span(&format!(
             "{{name: a}}, {{name: b}}, {{name: c, cluster: {name}}}, {{name: d, cluster: {name}}}"
-        )),
+        ))
+        .replace("spec:\n", "spec:\n  dataplane: {processors: 3}\n"),
     );
     assert!(
         applied.status.success(),
@@ -1049,6 +1060,14 @@ fn second_control_plane_comes_and_goes(
         "d's pod made in the member that came back",
         Duration::from_secs(60),
         || member_objects("pods") == "span-c span-d",
+    );
+    c.wait_for(
+        "c's pod made afresh for the generation stored while its cluster was away",
+        Duration::from_secs(30),
+        || {
+            let now = uid_of_c();
+            !now.is_empty() && now != c_before
+        },
     );
     c.wait_for(
         "span no longer Degraded by the member",

@@ -427,6 +427,20 @@ pub(super) enum Restart {
 }
 
 impl Restart {
+    /// Both restarts: everything either one makes afresh.
+    pub(super) fn and(self, other: Restart) -> Restart {
+        match (self, other) {
+            (Restart::All, _) | (_, Restart::All) => Restart::All,
+            (Restart::Nothing, r) | (r, Restart::Nothing) => r,
+            (Restart::Pods(mut a), Restart::Pods(b)) => {
+                a.extend(b);
+                a.sort();
+                a.dedup();
+                Restart::Pods(a)
+            }
+        }
+    }
+
     /// Deletes the pods at `target`; the next sync makes them again.
     pub(super) async fn run(&self, target: &Target, topology: &str) -> Result<(), Error> {
         match self {

@@ -73,6 +73,8 @@ pub struct Context {
     pub remotes: remote::Clients,
     /// The member clusters' warnings already repeated on topologies.
     pub member_events: member_events::Repeated,
+    /// Restarts owed to member clusters that did not answer.
+    pub owed_restarts: remote_sync::OwedRestarts,
 }
 
 /// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if
@@ -149,6 +151,7 @@ pub async fn run(client: Client, store: Store, settings: Settings, namespace: Op
         credentials: Default::default(),
         remotes: Default::default(),
         member_events: Default::default(),
+        owed_restarts: Default::default(),
     });
     let owned_pods =
         watcher::Config::default().labels(&format!("app.kubernetes.io/managed-by={MANAGED_BY}"));

@@ -134,6 +134,11 @@ pub(super) async fn sync(
             .filter(|p| p.labels().get(remote::CLUSTER_LABEL) == Some(&name))
             .cloned()
             .collect();
+        // A restart stored while this member did not answer is still owed
+        // to it: its pods would otherwise run the old generation's agents.
+        let slot = (key.clone(), name.clone());
+        let owed = ctx.owed_restarts.take(&slot);
+        let restart = owed.and(work.restart.clone());
         let synced = tokio::time::timeout(MEMBER_SYNC_TIMEOUT, async {
             let remote = ctx.remotes.of(&ctx.client, &member).await.map_err(
                 |Unreachable { reason, message }| {
@@ -145,7 +150,7 @@ pub(super) async fn sync(
                 namespace: namespace.clone(),
                 cluster: Some(name.clone()),
             };
-            sync_one(ctx, topology, &target, key, &pods, &work)
+            sync_one(ctx, topology, &target, key, (&pods, &restart), &work)
                 .await
                 .map_err(|e| Failed::of(e, &remote.server))
         })
@@ -175,6 +180,7 @@ pub(super) async fn sync(
                 }
             }
             Err(Failed::Refused(message)) => {
+                ctx.owed_restarts.owe(slot, restart);
                 // It answered: a problem of the objects, not of the cluster.
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster refused an object");
                 entry.reachable = true;
@@ -182,6 +188,7 @@ pub(super) async fn sync(
             }
             Err(Failed::Unreachable(message)) => {
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster unreachable");
+                ctx.owed_restarts.owe(slot, restart);
                 entry.message = Some(message);
             }
         }
@@ -191,6 +198,39 @@ pub(super) async fn sync(
         out.clusters.clear();
     }
     out
+}
+
+/// Restarts a member missed while it did not answer, per (topology key,
+/// member), made up at its next sync. Kept in memory: an operator restart
+/// during the outage forgets them (a pod whose spec changed is replaced by
+/// the sync in any case).
+#[derive(Default)]
+pub struct OwedRestarts(std::sync::Mutex<std::collections::HashMap<(String, String), Restart>>);
+
+impl OwedRestarts {
+    fn take(&self, slot: &(String, String)) -> Restart {
+        self.0
+            .lock()
+            .ok()
+            .and_then(|mut all| all.remove(slot))
+            .unwrap_or_default()
+    }
+
+    fn owe(&self, slot: (String, String), restart: Restart) {
+        if restart == Restart::Nothing {
+            return;
+        }
+        if let Ok(mut all) = self.0.lock() {
+            let before = all.remove(&slot).unwrap_or_default();
+            all.insert(slot, before.and(restart));
+        }
+    }
+
+    fn forget(&self, key: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.retain(|(k, _), _| k != key);
+        }
+    }
 }
 
 /// The clusters the topology's status says hold its objects, with the
@@ -238,7 +278,7 @@ async fn sync_one(
     topology: &Topology,
     target: &Target,
     key: &str,
-    pods: &[Pod],
+    (pods, restart): (&[Pod], &Restart),
     work: &RemoteWork<'_>,
 ) -> Result<Seen, Error> {
     if pods.is_empty() {
@@ -252,7 +292,7 @@ async fn sync_one(
     let cluster = target.cluster.as_deref().unwrap_or_default();
     let uid = topology.metadata.uid.as_deref();
     ensure_namespace(target).await?;
-    work.restart.run(target, key).await?;
+    restart.run(target, key).await?;
     let mut service = build::service(topology, key);
     remote::move_into(&mut service.metadata, cluster, &target.namespace, uid);
     apply::apply_object(&target.client, &target.namespace, &service).await?;
@@ -388,6 +428,7 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
     }
     if waiting.is_empty() {
         ctx.member_events.forget(&key);
+        ctx.owed_restarts.forget(&key);
         return Ok(());
     }
     let message = format!(
@@ -403,4 +444,37 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
     )
     .await;
     Err(Error::Other(message))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn slot() -> (String, String) {
+        ("ns/span".into(), "eu".into())
+    }
+
+    #[test]
+    fn restarts_owed_to_an_absent_member_add_up_until_it_answers() {
+        let owed = OwedRestarts::default();
+        owed.owe(slot(), Restart::Nothing);
+        assert_eq!(owed.take(&slot()), Restart::Nothing);
+        owed.owe(slot(), Restart::Pods(vec!["span-d".into()]));
+        owed.owe(
+            slot(),
+            Restart::Pods(vec!["span-c".into(), "span-d".into()]),
+        );
+        assert_eq!(
+            owed.take(&slot()),
+            Restart::Pods(vec!["span-c".into(), "span-d".into()])
+        );
+        assert_eq!(owed.take(&slot()), Restart::Nothing, "paid once");
+        owed.owe(slot(), Restart::Pods(vec!["span-c".into()]));
+        owed.owe(slot(), Restart::All);
+        owed.forget("ns/other");
+        assert_eq!(owed.take(&slot()), Restart::All);
+        owed.owe(slot(), Restart::All);
+        owed.forget("ns/span");
+        assert_eq!(owed.take(&slot()), Restart::Nothing);
+    }
 }
