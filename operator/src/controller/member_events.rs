@@ -10,6 +10,7 @@
 //! member still keeps.
 
 use super::Context;
+use super::apply::Target;
 use crate::api::Topology;
 use k8s_openapi::api::core::v1::Event;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -17,7 +18,6 @@ use kube::Api;
 use kube::api::ListParams;
 use kube::runtime::events::EventType;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
 
 /// Warnings older than this when the operator first looks at a member are
 /// history, not news (an operator restart does not repeat them all).
@@ -27,17 +27,7 @@ const LOOKBACK: SignedDuration = SignedDuration::from_mins(5);
 const MAX_PER_SYNC: usize = 10;
 
 /// What was repeated, per (topology key, member): event UID → occurrence.
-#[derive(Default)]
-pub struct Repeated(Mutex<HashMap<(String, String), HashMap<String, String>>>);
-
-impl Repeated {
-    /// Forgets a topology (deleted).
-    pub fn forget(&self, key: &str) {
-        if let Ok(mut all) = self.0.lock() {
-            all.retain(|(k, _), _| k != key);
-        }
-    }
-}
+pub type Repeated = super::remote::PerMember<HashMap<String, String>>;
 
 /// One event to publish on the Topology.
 #[derive(Debug, PartialEq, Eq)]
@@ -53,11 +43,12 @@ pub(super) async fn mirror(
     ctx: &Context,
     topology: &Topology,
     key: &str,
-    member: (&kube::Client, &str, &str),
+    member: &Target,
     pods: &BTreeMap<String, String>,
 ) {
-    let (client, cluster, namespace) = member;
-    let listed = Api::<Event>::namespaced(client.clone(), namespace)
+    let cluster = member.cluster.as_deref().unwrap_or_default();
+    let namespace = member.namespace.as_str();
+    let listed = Api::<Event>::namespaced(member.client.clone(), namespace)
         .list(&ListParams::default().fields("involvedObject.kind=Pod,type=Warning"))
         .await;
     let events = match listed {
@@ -68,11 +59,7 @@ pub(super) async fn mirror(
         }
     };
     let slot = (key.to_owned(), cluster.to_owned());
-    let mirrors = {
-        let Ok(mut all) = ctx.member_events.0.lock() else {
-            return;
-        };
-        let before = all.remove(&slot);
+    let mirrors = ctx.member_events.update(slot, |before| {
         let (mirrors, now_seen) = news(
             &events,
             pods,
@@ -80,10 +67,9 @@ pub(super) async fn mirror(
             Timestamp::now(),
             (cluster, namespace),
         );
-        all.insert(slot, now_seen);
-        mirrors
-    };
-    for m in mirrors {
+        (now_seen, mirrors)
+    });
+    for m in mirrors.unwrap_or_default() {
         super::apply::publish(ctx, topology, EventType::Warning, &m.reason, &m.note).await;
     }
 }

@@ -74,7 +74,7 @@ pub struct Context {
     /// The member clusters' warnings already repeated on topologies.
     pub member_events: member_events::Repeated,
     /// Restarts owed to member clusters that did not answer.
-    pub owed_restarts: remote_sync::OwedRestarts,
+    owed_restarts: remote_sync::OwedRestarts,
 }
 
 /// The operator's pod (named by the chart's POD_NAME and POD_NAMESPACE), if

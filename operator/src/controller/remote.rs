@@ -164,6 +164,44 @@ impl Clients {
     }
 }
 
+/// What the operator keeps per (topology key, member cluster) between
+/// reconciles; a deleted topology's entries go with [`PerMember::forget`].
+pub struct PerMember<V>(std::sync::Mutex<HashMap<(String, String), V>>);
+
+impl<V> Default for PerMember<V> {
+    fn default() -> Self {
+        PerMember(std::sync::Mutex::new(HashMap::new()))
+    }
+}
+
+impl<V> PerMember<V> {
+    /// Removes and returns what was kept for `slot`.
+    pub fn take(&self, slot: &(String, String)) -> Option<V> {
+        self.0.lock().ok().and_then(|mut all| all.remove(slot))
+    }
+
+    /// Replaces what is kept for `slot` with what `next` makes of it, under
+    /// one lock; returns what `next` gave back beside it.
+    pub fn update<R>(
+        &self,
+        slot: (String, String),
+        next: impl FnOnce(Option<V>) -> (V, R),
+    ) -> Option<R> {
+        let mut all = self.0.lock().ok()?;
+        let before = all.remove(&slot);
+        let (kept, out) = next(before);
+        all.insert(slot, kept);
+        Some(out)
+    }
+
+    /// Forgets everything kept for the topology `key`.
+    pub fn forget(&self, key: &str) {
+        if let Ok(mut all) = self.0.lock() {
+            all.retain(|(k, _), _| k != key);
+        }
+    }
+}
+
 /// Makes an object built for the operator's own cluster one for `cluster`:
 /// its namespace there, no owner reference, the member's and the owner's
 /// labels.

@@ -137,29 +137,16 @@ pub(super) async fn sync(
         // A restart stored while this member did not answer is still owed
         // to it: its pods would otherwise run the old generation's agents.
         let slot = (key.clone(), name.clone());
-        let owed = ctx.owed_restarts.take(&slot);
-        let restart = owed.and(work.restart.clone());
-        let synced = tokio::time::timeout(MEMBER_SYNC_TIMEOUT, async {
-            let remote = ctx.remotes.of(&ctx.client, &member).await.map_err(
-                |Unreachable { reason, message }| {
-                    Failed::Unreachable(format!("{reason}: {message}"))
-                },
-            )?;
-            let target = Target {
-                client: remote.client,
-                namespace: namespace.clone(),
-                cluster: Some(name.clone()),
-            };
-            sync_one(ctx, topology, &target, key, (&pods, &restart), &work)
-                .await
-                .map_err(|e| Failed::of(e, &remote.server))
+        let restart = ctx
+            .owed_restarts
+            .take(&slot)
+            .unwrap_or_default()
+            .and(work.restart.clone());
+        let (pods, restart, work) = (&pods, &restart, &work);
+        let synced = in_member(ctx, &member, &name, namespace.clone(), |target| async move {
+            sync_one(ctx, topology, &target, key, pods, restart, work).await
         })
-        .await
-        .unwrap_or_else(|_| {
-            Err(Failed::Unreachable(format!(
-                "no answer within {MEMBER_SYNC_TIMEOUT:?}"
-            )))
-        });
+        .await;
         let mut entry = ClusterPlacementStatus {
             cluster: Some(name.clone()),
             namespace,
@@ -180,7 +167,7 @@ pub(super) async fn sync(
                 }
             }
             Err(Failed::Refused(message)) => {
-                ctx.owed_restarts.owe(slot, restart);
+                ctx.owed_restarts.owe(slot, restart.clone());
                 // It answered: a problem of the objects, not of the cluster.
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster refused an object");
                 entry.reachable = true;
@@ -188,7 +175,7 @@ pub(super) async fn sync(
             }
             Err(Failed::Unreachable(message)) => {
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster unreachable");
-                ctx.owed_restarts.owe(slot, restart);
+                ctx.owed_restarts.owe(slot, restart.clone());
                 entry.message = Some(message);
             }
         }
@@ -200,36 +187,17 @@ pub(super) async fn sync(
     out
 }
 
-/// Restarts a member missed while it did not answer, per (topology key,
-/// member), made up at its next sync. Kept in memory: an operator restart
-/// during the outage forgets them (a pod whose spec changed is replaced by
-/// the sync in any case).
-#[derive(Default)]
-pub struct OwedRestarts(std::sync::Mutex<std::collections::HashMap<(String, String), Restart>>);
+/// Restarts a member missed while it did not answer, made up at its next
+/// sync. Kept in memory: an operator restart during the outage forgets them
+/// (a pod whose spec changed is replaced by the sync in any case).
+pub(super) type OwedRestarts = remote::PerMember<Restart>;
 
 impl OwedRestarts {
-    fn take(&self, slot: &(String, String)) -> Restart {
-        self.0
-            .lock()
-            .ok()
-            .and_then(|mut all| all.remove(slot))
-            .unwrap_or_default()
-    }
-
     fn owe(&self, slot: (String, String), restart: Restart) {
         if restart == Restart::Nothing {
             return;
         }
-        if let Ok(mut all) = self.0.lock() {
-            let before = all.remove(&slot).unwrap_or_default();
-            all.insert(slot, before.and(restart));
-        }
-    }
-
-    fn forget(&self, key: &str) {
-        if let Ok(mut all) = self.0.lock() {
-            all.retain(|(k, _), _| k != key);
-        }
+        self.update(slot, |before| (before.unwrap_or_default().and(restart), ()));
     }
 }
 
@@ -267,6 +235,47 @@ impl Failed {
     }
 }
 
+impl Failed {
+    fn message(&self) -> &str {
+        match self {
+            Failed::Unreachable(m) | Failed::Refused(m) => m,
+        }
+    }
+}
+
+/// Runs `work` against `member`'s API server, in `namespace` there, within
+/// [`MEMBER_SYNC_TIMEOUT`]; what failed, in the member's words.
+async fn in_member<T, Work, Done>(
+    ctx: &Context,
+    member: &MemberCluster,
+    name: &str,
+    namespace: String,
+    work: Work,
+) -> Result<T, Failed>
+where
+    Work: FnOnce(Target) -> Done,
+    Done: std::future::Future<Output = Result<T, Error>>,
+{
+    let bounded = tokio::time::timeout(MEMBER_SYNC_TIMEOUT, async {
+        let remote = ctx.remotes.of(&ctx.client, member).await.map_err(
+            |Unreachable { reason, message }| Failed::Unreachable(format!("{reason}: {message}")),
+        )?;
+        let target = Target {
+            client: remote.client,
+            namespace,
+            cluster: Some(name.to_owned()),
+        };
+        work(target)
+            .await
+            .map_err(|e| Failed::of(e, &remote.server))
+    });
+    bounded.await.unwrap_or_else(|_| {
+        Err(Failed::Unreachable(format!(
+            "no answer within {MEMBER_SYNC_TIMEOUT:?}"
+        )))
+    })
+}
+
 struct Seen {
     pods: u32,
     running: u32,
@@ -278,7 +287,8 @@ async fn sync_one(
     topology: &Topology,
     target: &Target,
     key: &str,
-    (pods, restart): (&[Pod], &Restart),
+    pods: &[Pod],
+    restart: &Restart,
     work: &RemoteWork<'_>,
 ) -> Result<Seen, Error> {
     if pods.is_empty() {
@@ -336,14 +346,7 @@ async fn sync_one(
         .iter()
         .filter_map(|p| Some((p.name_any(), p.metadata.uid.clone()?)))
         .collect();
-    super::member_events::mirror(
-        ctx,
-        topology,
-        key,
-        (&target.client, cluster, &target.namespace),
-        &live_pods,
-    )
-    .await;
+    super::member_events::mirror(ctx, topology, key, target, &live_pods).await;
     Ok(seen)
 }
 
@@ -398,30 +401,12 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
         let target_namespace = held_in
             .or_else(|| member.spec.namespace.clone())
             .unwrap_or_else(|| namespace.clone());
-        let cleared = tokio::time::timeout(MEMBER_SYNC_TIMEOUT, async {
-            let remote = ctx
-                .remotes
-                .of(&ctx.client, &member)
-                .await
-                .map_err(|e| format!("{}: {}", e.reason, e.message))?;
-            let target = Target {
-                client: remote.client,
-                namespace: target_namespace,
-                cluster: Some(name.clone()),
-            };
-            apply::clear(&target, &key).await.map_err(|e| match e {
-                Error::Kube(e) => {
-                    format!(
-                        "API server {}: {}",
-                        remote.server,
-                        nextmini_proto::error_chain::error_chain(&e)
-                    )
-                }
-                other => other.to_string(),
-            })
+        let key = key.as_str();
+        let cleared = in_member(ctx, &member, &name, target_namespace, |target| async move {
+            apply::clear(&target, key).await
         })
         .await
-        .unwrap_or_else(|_| Err(format!("no answer within {MEMBER_SYNC_TIMEOUT:?}")));
+        .map_err(|failed| failed.message().to_owned());
         if let Err(message) = cleared {
             waiting.push(format!("{name}: {message}"));
         }
@@ -458,7 +443,7 @@ mod tests {
     fn restarts_owed_to_an_absent_member_add_up_until_it_answers() {
         let owed = OwedRestarts::default();
         owed.owe(slot(), Restart::Nothing);
-        assert_eq!(owed.take(&slot()), Restart::Nothing);
+        assert_eq!(owed.take(&slot()), None);
         owed.owe(slot(), Restart::Pods(vec!["span-d".into()]));
         owed.owe(
             slot(),
@@ -466,15 +451,15 @@ mod tests {
         );
         assert_eq!(
             owed.take(&slot()),
-            Restart::Pods(vec!["span-c".into(), "span-d".into()])
+            Some(Restart::Pods(vec!["span-c".into(), "span-d".into()]))
         );
-        assert_eq!(owed.take(&slot()), Restart::Nothing, "paid once");
+        assert_eq!(owed.take(&slot()), None, "paid once");
         owed.owe(slot(), Restart::Pods(vec!["span-c".into()]));
         owed.owe(slot(), Restart::All);
         owed.forget("ns/other");
-        assert_eq!(owed.take(&slot()), Restart::All);
+        assert_eq!(owed.take(&slot()), Some(Restart::All));
         owed.owe(slot(), Restart::All);
         owed.forget("ns/span");
-        assert_eq!(owed.take(&slot()), Restart::Nothing);
+        assert_eq!(owed.take(&slot()), None);
     }
 }
