@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Stops everything up.sh started (pods' containers and shims too) and removes
 # what the cluster left on the host: mounts, kubelet/CNI/containerd directories,
-# the KUBE-*/CNI-*/NMK8S-* iptables chains, the bridges and the kubepods cgroups.
+# the KUBE-*/CNI-*/NMK8S-* iptables chains, the bridges and the kubepods cgroups,
+# and member.sh's node (network namespace, route, cgroups).
 # The build cache is left alone. Safe to run twice and when nothing runs.
 #   down.sh [--quiet] [--keep-logs]
 set -euo pipefail
@@ -67,7 +68,7 @@ stop() {
 # All processes in the kubepods cgroup trees (the pods' containers).
 pod_pids() {
   local d
-  for d in "$CGROOT"/*/kubepods "$CGROOT"/kubepods; do
+  for d in "$CGROOT"/*/kubepods "$CGROOT"/kubepods "$CGROOT"/*/"$MEMBER_CGROUP" "$CGROOT"/"$MEMBER_CGROUP"; do
     [[ -d $d ]] || continue
     find "$d" -name cgroup.procs -exec cat {} + 2>/dev/null
   done | sort -u
@@ -151,15 +152,21 @@ if command -v iptables >/dev/null 2>&1; then
   done
 fi
 
-# 4. Bridges (the pods' veths went with their network namespaces).
+# 4. member.sh's node: its network namespace (with its veth and pod bridge)
+#    and the route to its pods; then the bridges (the pods' veths went with
+#    their network namespaces).
+if ip netns list 2>/dev/null | grep -q "^$MEMBER_NETNS\b"; then
+  ip netns del "$MEMBER_NETNS" && say "removed network namespace $MEMBER_NETNS"
+fi
+ip route del "$MEMBER_POD_CIDR" 2>/dev/null || true
 for br in "$POD_BRIDGE" "$NODE_BRIDGE"; do
   if ip link show "$br" >/dev/null 2>&1; then
     ip link del "$br" && say "removed bridge $br"
   fi
 done
 
-# 5. kubepods cgroups, deepest first.
-for d in "$CGROOT"/*/kubepods "$CGROOT"/kubepods; do
+# 5. kubepods cgroups (and those of member.sh's node), deepest first.
+for d in "$CGROOT"/*/kubepods "$CGROOT"/kubepods "$CGROOT"/*/"$MEMBER_CGROUP" "$CGROOT"/"$MEMBER_CGROUP"; do
   [[ -d $d ]] || continue
   find "$d" -depth -type d -exec rmdir {} + 2>/dev/null || true
   [[ -d $d ]] && say "warning: could not remove cgroup $d" || say "removed cgroup $d"

@@ -30,6 +30,15 @@ SERVICE_CIDR=198.19.224.0/20
 KUBERNETES_SVC_IP=198.19.224.1
 DNS_IP=198.19.224.10
 NODE_NAME=${NEXTMINI_K8S_NODE_NAME:-nextmini-node}
+# member.sh's node (a second cluster's): its network namespace, veth, node
+# address, pod range and the cgroup root of its pods.
+MEMBER_NETNS=nmk8s-member
+MEMBER_HOST_VETH=nmk8sm0
+MEMBER_GW=198.19.254.1
+MEMBER_NODE_IP=198.19.254.2
+MEMBER_POD_CIDR=198.19.176.0/20
+MEMBER_POD_GW=198.19.176.1
+MEMBER_CGROUP=nm-member
 
 # Another cluster's containerd (k3s: /run/k3s/containerd/containerd.sock) takes
 # the images the same way: NEXTMINI_CONTAINERD_SOCK=... make images.
@@ -62,4 +71,120 @@ go_env() {
   export GOMODCACHE=$CACHE/gomod GOCACHE=$CACHE/gocache GOPATH=$CACHE/gopath
   export GOTOOLCHAIN=local GOFLAGS=-buildvcs=false
   mkdir -p "$GOMODCACHE" "$GOCACHE" "$GOPATH" "$BIN" "$CNI_BIN"
+}
+
+# containerd_config DIR SOCKET RUNC_ROOT CNI_CONF_DIR: writes DIR/config.toml,
+# a containerd that keeps root, state and opt under DIR and serves SOCKET.
+containerd_config() {
+  local dir=$1 sock=$2 runc_root=$3 cni_conf=$4
+  mkdir -p "$dir/root" "$dir/state" "$dir/opt"
+  cat >"$dir/config.toml" <<EOF
+version = 2
+root = "$dir/root"
+state = "$dir/state"
+[grpc]
+  address = "$sock"
+[metrics]
+  address = ""
+[plugins."io.containerd.internal.v1.opt"]
+  path = "$dir/opt"
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "$PAUSE_IMAGE"
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  netns_mounts_under_state_dir = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "overlayfs"
+    default_runtime_name = "runc"
+    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+        BinaryName = "$BIN/runc"
+        Root = "$runc_root"
+        SystemdCgroup = false
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "$CNI_BIN"
+    conf_dir = "$cni_conf"
+    max_conf_num = 1
+EOF
+}
+
+# cni_conflist FILE NAME BRIDGE SUBNET GATEWAY IPAM_DIR: pods on BRIDGE with
+# addresses from SUBNET (host-local, state in IPAM_DIR), and port maps.
+cni_conflist() {
+  local file=$1 name=$2 bridge=$3 subnet=$4 gateway=$5 ipam=$6
+  mkdir -p "$(dirname "$file")" "$ipam"
+  cat >"$file" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "$name",
+  "plugins": [
+    {
+      "type": "bridge",
+      "bridge": "$bridge",
+      "isGateway": true,
+      "ipMasq": false,
+      "hairpinMode": true,
+      "ipam": {
+        "type": "host-local",
+        "dataDir": "$ipam",
+        "ranges": [[{"subnet": "$subnet", "gateway": "$gateway"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]
+      }
+    },
+    {"type": "portmap", "capabilities": {"portMappings": true}}
+  ]
+}
+EOF
+}
+
+# kubelet_config FILE NODE_IP CERT_PREFIX SOCKET DNS_IP POD_CIDR DISK_RESERVE [EXTRA]:
+# a kubelet serving on NODE_IP:10250 with CERT_PREFIX.crt/.key, its pods on
+# the containerd at SOCKET; EXTRA (YAML lines) is appended.
+kubelet_config() {
+  local file=$1 node_ip=$2 cert=$3 sock=$4 dns=$5 pods=$6 reserve=$7 extra=${8:-}
+  cat >"$file" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+address: $node_ip
+port: 10250
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: 10248
+tlsCertFile: $cert.crt
+tlsPrivateKeyFile: $cert.key
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $STATE/pki/ca.crt}
+authorization:
+  mode: Webhook
+cgroupDriver: cgroupfs
+containerRuntimeEndpoint: unix://$sock
+clusterDNS: [$dns]
+clusterDomain: cluster.local
+podCIDR: $pods
+failSwapOn: false
+resolvConf: /etc/resolv.conf
+rotateCertificates: false
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+# Absolute disk floors: 1% of a large disk shared with builds is gigabytes, and
+# a node under disk pressure schedules nothing.
+# No memory eviction ("0%" turns the signal off): on cgroup v1 the kubelet
+# counts active page cache as used, and after a build has read and written
+# gigabytes the cache alone crosses any floor. It then evicted PostgreSQL in
+# the middle of a test (psql: "the database system is shutting down"). The
+# kernel's OOM killer still guards real exhaustion.
+evictionHard:
+  memory.available: "0%"
+  nodefs.available: $reserve
+  imagefs.available: $reserve
+  nodefs.inodesFree: 1%
+maxPods: 110
+$extra
+EOF
 }

@@ -227,60 +227,8 @@ start kube-scheduler "$BIN/kube-scheduler" \
 
 # ------------------------------------------------------------------ containerd
 CTRD=$STATE/containerd
-mkdir -p "$CTRD/root" "$CTRD/state" "$CTRD/opt"
-cat >"$CTRD/config.toml" <<EOF
-version = 2
-root = "$CTRD/root"
-state = "$CTRD/state"
-[grpc]
-  address = "$CONTAINERD_SOCK"
-[metrics]
-  address = ""
-[plugins."io.containerd.internal.v1.opt"]
-  path = "$CTRD/opt"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "$PAUSE_IMAGE"
-  restrict_oom_score_adj = true
-  enable_selinux = false
-  netns_mounts_under_state_dir = true
-  stream_server_address = "127.0.0.1"
-  stream_server_port = "0"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
-    default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
-        BinaryName = "$BIN/runc"
-        Root = "$STATE/runc"
-        SystemdCgroup = false
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "$CNI_BIN"
-    conf_dir = "$STATE/cni/net.d"
-    max_conf_num = 1
-EOF
-cat >"$STATE/cni/net.d/10-nextmini.conflist" <<EOF
-{
-  "cniVersion": "1.0.0",
-  "name": "nextmini-k8s",
-  "plugins": [
-    {
-      "type": "bridge",
-      "bridge": "$POD_BRIDGE",
-      "isGateway": true,
-      "ipMasq": false,
-      "hairpinMode": true,
-      "ipam": {
-        "type": "host-local",
-        "dataDir": "$STATE/cni/ipam",
-        "ranges": [[{"subnet": "$POD_CIDR", "gateway": "$POD_GW"}]],
-        "routes": [{"dst": "0.0.0.0/0"}]
-      }
-    },
-    {"type": "portmap", "capabilities": {"portMappings": true}}
-  ]
-}
-EOF
+containerd_config "$CTRD" "$CONTAINERD_SOCK" "$STATE/runc" "$STATE/cni/net.d"
+cni_conflist "$STATE/cni/net.d/10-nextmini.conflist" nextmini-k8s "$POD_BRIDGE" "$POD_CIDR" "$POD_GW" "$STATE/cni/ipam"
 start containerd "$BIN/containerd" --config "$CTRD/config.toml" --log-level warn
 wait_for containerd "containerd serving" "$BIN/ctr" --address "$CONTAINERD_SOCK" version
 
@@ -291,47 +239,8 @@ t=$SECONDS
 log "pause image $PAUSE_IMAGE imported ($((SECONDS - t))s)"
 
 # ------------------------------------------------------------------ kubelet
-cat >"$STATE/kubelet-config.yaml" <<EOF
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-address: $NODE_IP
-port: 10250
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: 10248
-tlsCertFile: $PKI/kubelet-server.crt
-tlsPrivateKeyFile: $PKI/kubelet-server.key
-authentication:
-  anonymous: {enabled: false}
-  webhook: {enabled: true}
-  x509: {clientCAFile: $PKI/ca.crt}
-authorization:
-  mode: Webhook
-cgroupDriver: cgroupfs
-containerRuntimeEndpoint: unix://$CONTAINERD_SOCK
-clusterDNS: [$DNS_IP]
-clusterDomain: cluster.local
-podCIDR: $POD_CIDR
-failSwapOn: false
-resolvConf: /etc/resolv.conf
-rotateCertificates: false
-serializeImagePulls: false
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-# Absolute disk floors: 1% of a large disk shared with builds is gigabytes, and
-# a node under disk pressure schedules nothing.
-# No memory eviction ("0%" turns the signal off): on cgroup v1 the kubelet
-# counts active page cache as used, and after a build has read and written
-# gigabytes the cache alone crosses any floor. It then evicted PostgreSQL in
-# the middle of a test (psql: "the database system is shutting down"). The
-# kernel's OOM killer still guards real exhaustion.
-evictionHard:
-  memory.available: "0%"
-  nodefs.available: $DISK_RESERVE
-  imagefs.available: $DISK_RESERVE
-  nodefs.inodesFree: 1%
-maxPods: 110
-EOF
+kubelet_config "$STATE/kubelet-config.yaml" "$NODE_IP" "$PKI/kubelet-server" "$CONTAINERD_SOCK" \
+  "$DNS_IP" "$POD_CIDR" "$DISK_RESERVE"
 start kubelet "$BIN/kubelet" --config "$STATE/kubelet-config.yaml" \
   --kubeconfig "$PKI/kubelet.kubeconfig" --root-dir "$STATE/kubelet" \
   --hostname-override "$NODE_NAME" --node-ip "$NODE_IP" --v=1

@@ -120,27 +120,43 @@ fn pull_policy() -> String {
 /// pod's network namespace, so it sends and receives through the emulated
 /// network like any application would.
 fn ephemeral(c: &Cluster, pod: &str, name: &str, command: &str) {
-    c.ok(&[
-        "debug",
-        pod,
-        "--image",
-        &tools_image(),
-        "--image-pull-policy",
-        &pull_policy(),
-        "--container",
-        name,
-        "--",
-        "sh",
-        "-c",
-        command,
-    ]);
+    ephemeral_in(c, &c.namespace, pod, name, command);
+}
+
+/// [`ephemeral`] in a pod of `namespace`.
+fn ephemeral_in(c: &Cluster, namespace: &str, pod: &str, name: &str, command: &str) {
+    let started = c.kubectl_in(
+        namespace,
+        &[
+            "debug",
+            pod,
+            "--image",
+            &tools_image(),
+            "--image-pull-policy",
+            &pull_policy(),
+            "--container",
+            name,
+            "--",
+            "sh",
+            "-c",
+            command,
+        ],
+    );
+    assert!(
+        started.status.success(),
+        "kubectl debug {pod}: {}",
+        String::from_utf8_lossy(&started.stderr)
+    );
     c.wait_for(
         &format!("container {name} in {pod}"),
         Duration::from_secs(60),
         || {
-            c.kubectl(&["exec", pod, "-c", name, "--", "python3", "-c", "pass"])
-                .status
-                .success()
+            c.kubectl_in(
+                namespace,
+                &["exec", pod, "-c", name, "--", "python3", "-c", "pass"],
+            )
+            .status
+            .success()
         },
     );
 }
@@ -764,7 +780,289 @@ fn member_clusters_are_probed(c: &Cluster) {
         "no pod of a refused topology"
     );
     c.ok(&["delete", "topology", "wan", "--timeout=60s"]);
+    links_cross_between_clusters(c, &reached);
     c.ok(&["delete", "secret", "member-self", "member-closed"]);
+}
+
+/// Issue 17.3: links that cross from one cluster into another, dialed at the
+/// endpoint the acceptor's MemberCluster exposes rather than by a name that
+/// resolves only in the topology's own namespace. The member here is this
+/// cluster registered again through its kubeconfig, with its pods in another
+/// namespace: the topology's headless Service does not hold them, so a link
+/// into them is up only through the exposure (a NodePort Service per node on
+/// the node's address, the same port for TCP and UDP; then pod IPs).
+fn links_cross_between_clusters(c: &Cluster, member: &str) {
+    let ns = &c.namespace;
+    let far = format!("{ns}-cross");
+    struct Gone<'a>(&'a Cluster, String);
+    impl Drop for Gone<'_> {
+        fn drop(&mut self) {
+            let _ = self
+                .0
+                .kubectl(&["delete", "topology", "cross", "--wait=false"]);
+            let _ = self
+                .0
+                .kubectl(&["delete", "namespace", &self.1, "--wait=false"]);
+        }
+    }
+    let _gone = Gone(c, far.clone());
+    let node_ip = c.ok(&[
+        "get",
+        "nodes",
+        "-o",
+        r#"jsonpath={.items[0].status.addresses[?(@.type=="InternalIP")].address}"#,
+    ]);
+    let node_ip = node_ip.trim().to_owned();
+    assert!(!node_ip.is_empty(), "the node's address");
+    let declare = |exposure: &str| {
+        let yaml = format!(
+            "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {member}}}\nspec:\n  region: eu-west\n  namespace: {far}\n  hubAddress: nm-hub.{ns}.svc:50051\n  kubeconfigSecretRef: {{namespace: {ns}, name: member-self}}\n  exposure: {exposure}\n"
+        );
+        let applied = c.kubectl_stdin(&["apply", "-f", "-"], &yaml);
+        assert!(
+            applied.status.success(),
+            "{}",
+            String::from_utf8_lossy(&applied.stderr)
+        );
+    };
+    declare(&format!("{{type: NodePort, address: {node_ip}}}"));
+    let topology = format!(
+        "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: cross}}\nspec:\n  nodes: [{{name: a}}, {{name: b, cluster: {member}}}, {{name: c, cluster: {member}}}]\n  links: [{{endpoints: [a, b]}}, {{endpoints: [a, c], transport: quic}}, {{endpoints: [b, c]}}]\n"
+    );
+    let t = Instant::now();
+    let applied = c.kubectl_stdin(&["apply", "-f", "-"], &topology);
+    assert!(
+        applied.status.success(),
+        "{}",
+        String::from_utf8_lossy(&applied.stderr)
+    );
+    c.wait_for("cross Ready", Duration::from_secs(180), || {
+        condition(c, "cross", "Ready").0 == "True"
+    });
+    println!(
+        "cross: Ready with b and c in member {member} ({far}) {:.1} s after kubectl apply",
+        t.elapsed().as_secs_f64()
+    );
+    let endpoint = |node: &str| {
+        c.psql(&format!(
+            "SELECT coalesce(n.endpoint, '') FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.key = '{ns}/cross' AND n.name = '{node}'"
+        ))
+    };
+    let node_port = |node: &str, protocol: &str| {
+        let out = c.kubectl_in(
+            &far,
+            &[
+                "get",
+                "service",
+                &format!("cross-{node}-link"),
+                "-o",
+                &format!("jsonpath={{.spec.ports[?(@.protocol==\"{protocol}\")].nodePort}}"),
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    for node in ["b", "c"] {
+        let port = node_port(node, "TCP");
+        assert!(!port.is_empty(), "{node}'s link Service in {far}");
+        assert_eq!(node_port(node, "UDP"), port, "one port for TCP and QUIC");
+        assert_eq!(
+            endpoint(node),
+            format!("{node_ip}:{port}"),
+            "{node} is dialed at its NodePort"
+        );
+    }
+    assert_eq!(endpoint("a"), "", "a is dialed from no other cluster");
+    let links_up = c.ok(&[
+        "get",
+        "topology",
+        "cross",
+        "-o",
+        "jsonpath={.status.linksUp}/{.status.linksTotal}",
+    ]);
+    println!(
+        "cross: links up {links_up}; b at {}, c at {}",
+        endpoint("b"),
+        endpoint("c")
+    );
+
+    // Real traffic across: python http.server in b and c, curl in a.
+    for node in ["b", "c"] {
+        ephemeral_in(
+            c,
+            &far,
+            &format!("cross-{node}"),
+            "web",
+            "python3 -c \"import os; open('/tmp/big','wb').write(os.urandom(8*1024*1024))\" && exec python3 -m http.server 8000 --directory /tmp",
+        );
+    }
+    ephemeral(
+        c,
+        "cross-a",
+        "client",
+        "exec python3 -c 'import time; time.sleep(36000)'",
+    );
+    let fetched = |node: &str| {
+        let expected = String::from_utf8_lossy(
+            &c.kubectl_in(
+                &far,
+                &[
+                    "exec",
+                    &format!("cross-{node}"),
+                    "-c",
+                    "web",
+                    "--",
+                    "python3",
+                    "-c",
+                    "import hashlib; print(hashlib.sha256(open('/tmp/big','rb').read()).hexdigest())",
+                ],
+            )
+            .stdout,
+        )
+        .trim()
+        .to_owned();
+        assert_eq!(expected.len(), 64, "{node}'s file hashed");
+        let mut got = String::new();
+        c.wait_for(&format!("a's curl from {node}"), Duration::from_secs(60), || {
+            let out = c.kubectl(&[
+                "exec",
+                "cross-a",
+                "-c",
+                "client",
+                "--",
+                "sh",
+                "-c",
+                &format!("curl -sS --fail --max-time 30 -o /tmp/{node} http://{node}:8000/big && sha256sum /tmp/{node}"),
+            ]);
+            got = String::from_utf8_lossy(&out.stdout).split_whitespace().next().unwrap_or("").to_owned();
+            out.status.success()
+        });
+        assert_eq!(got, expected, "the bytes from {node} arrive whole");
+    };
+    let received = |link: &str| -> i64 {
+        c.psql(&format!(
+            "SELECT coalesce(sum(k.rx_bytes), 0) FROM link_counters k JOIN topologies t ON t.id = k.topology_id WHERE t.key = '{ns}/cross' AND k.node = 'a' AND k.link = '{link}'"
+        ))
+        .parse()
+        .expect("a byte count")
+    };
+    let before = (received("a-b"), received("a-c"));
+    fetched("b");
+    fetched("c");
+    c.wait_for(
+        "the transfers on the crossing links' counters",
+        Duration::from_secs(30),
+        || received("a-b") - before.0 > 8_000_000 && received("a-c") - before.1 > 8_000_000,
+    );
+    println!(
+        "cross: 8 MiB curls from b (tcp) and c (quic) with sha256 equal; a received {} and {} bytes on a-b and a-c",
+        received("a-b") - before.0,
+        received("a-c") - before.1
+    );
+    // The promise itself: the QUIC link runs over UDP through c's NodePort,
+    // the TCP link over TCP through b's (the node's connection tracking).
+    if std::env::var("KUBECONFIG").unwrap_or_default() == "/var/lib/nextmini-k8s/kubeconfig" {
+        let tracked = |protocol: &str, port: &str| {
+            let out = std::process::Command::new("conntrack")
+                .args([
+                    "-L",
+                    "-p",
+                    protocol,
+                    "--orig-dst",
+                    &node_ip,
+                    "--dport",
+                    port,
+                ])
+                .output()
+                .expect("conntrack");
+            String::from_utf8_lossy(&out.stdout).lines().count()
+        };
+        assert!(
+            tracked("udp", &node_port("c", "UDP")) > 0,
+            "QUIC to c through its NodePort"
+        );
+        assert!(
+            tracked("tcp", &node_port("b", "TCP")) > 0,
+            "TCP to b through its NodePort"
+        );
+    }
+
+    // Pod IPs routed between the clusters instead: the NodePort Services go,
+    // the dialers get the pods' addresses and the links come up again there.
+    let on_old_link = received("a-c");
+    declare("{type: Address}");
+    let pod_ip = |node: &str| {
+        let out = c.kubectl_in(
+            &far,
+            &[
+                "get",
+                "pod",
+                &format!("cross-{node}"),
+                "-o",
+                "jsonpath={.status.podIP}",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let t = Instant::now();
+    c.wait_for(
+        "b and c dialed at their pod IPs",
+        Duration::from_secs(60),
+        || {
+            endpoint("b") == format!("{}:7100", pod_ip("b"))
+                && endpoint("c") == format!("{}:7100", pod_ip("c"))
+        },
+    );
+    let services = || {
+        let out = c.kubectl_in(
+            &far,
+            &["get", "services", "-l", "nextmini.io/exposes", "-o", "name"],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    c.wait_for(
+        "the NodePort Services gone",
+        Duration::from_secs(30),
+        || services().is_empty(),
+    );
+    // a's end of a-c is a new connection to the new address: its counters
+    // start again from zero.
+    c.wait_for(
+        "a-c made afresh to c's pod IP",
+        Duration::from_secs(30),
+        || received("a-c") < on_old_link,
+    );
+    let before = received("a-c");
+    fetched("c");
+    println!(
+        "cross: exposure Address, c's 8 MiB again over QUIC to its pod IP ({:.1} s after the change)",
+        t.elapsed().as_secs_f64()
+    );
+    c.wait_for(
+        "the transfer on a-c's counters again",
+        Duration::from_secs(30),
+        || received("a-c") - before > 8_000_000,
+    );
+
+    c.ok(&["delete", "topology", "cross", "--timeout=60s"]);
+    let left = || {
+        let out = c.kubectl_in(
+            &far,
+            &[
+                "get",
+                "pods,services,secrets",
+                "-l",
+                "nextmini.io/topology=cross",
+                "-o",
+                "name",
+            ],
+        );
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    c.wait_for(
+        "cross's objects in the member to go",
+        Duration::from_secs(60),
+        || left().is_empty(),
+    );
 }
 
 /// On the project's own cluster (not a user's, `KUBECONFIG_EXTERNAL`): a
@@ -857,9 +1155,51 @@ fn second_control_plane_comes_and_goes(
             "apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {{name: span}}\nspec:\n  nodes: [{nodes}]\n  links: [{{endpoints: [a, b]}}, {{endpoints: [b, c]}}]\n"
         )
     };
+    // c serves 8 MiB of seeded random bytes, whose hash is known here (its
+    // shell ends on SIGTERM: python as PID 1 would ignore it and hold the
+    // pod's deletion for its whole grace period).
+    let c_node = format!(
+        r#"{{name: c, cluster: {name}, containers: [{{name: web, image: '{}', imagePullPolicy: {}, command: [sh, -c, "python3 -c 'import random; random.seed(17); open(\"/tmp/big\", \"wb\").write(random.randbytes(8 << 20))' && python3 -m http.server 8000 --directory /tmp & trap 'exit 0' TERM; wait"]}}]}}"#,
+        tools_image(),
+        pull_policy()
+    );
+    let expected = std::process::Command::new("python3")
+        .args([
+            "-c",
+            "import hashlib, random; random.seed(17); print(hashlib.sha256(random.randbytes(8 << 20)).hexdigest())",
+        ])
+        .output()
+        .expect("python3");
+    let expected = String::from_utf8_lossy(&expected.stdout).trim().to_owned();
+    // The member's pods reach the hub at a NodePort of this cluster's node
+    // (no name of this cluster resolves there); agents check the hub's
+    // certificate by its fixed name, whatever address they dial.
+    c.ok(&[
+        "expose",
+        "service",
+        "nm-hub",
+        "--name",
+        "nm-hub-members",
+        "--type",
+        "NodePort",
+    ]);
+    let hub_port = c.ok(&[
+        "get",
+        "service",
+        "nm-hub-members",
+        "-o",
+        "jsonpath={.spec.ports[0].nodePort}",
+    ]);
+    let node_ip = c.ok(&[
+        "get",
+        "nodes",
+        "-o",
+        r#"jsonpath={.items[0].status.addresses[?(@.type=="InternalIP")].address}"#,
+    ]);
+    let hub_address = format!("{}:{}", node_ip.trim(), hub_port.trim());
     let member_spec = format!(
-        "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {name}}}\nspec:\n  region: us-west\n  namespace: {far}\n  hubAddress: nm-hub.{}.svc:50051\n  kubeconfigSecretRef: {{namespace: {}, name: member-second}}\n",
-        c.namespace, c.namespace
+        "apiVersion: nextmini.io/v1alpha1\nkind: MemberCluster\nmetadata: {{name: {name}}}\nspec:\n  region: us-west\n  namespace: {far}\n  hubAddress: {hub_address}\n  kubeconfigSecretRef: {{namespace: {}, name: member-second}}\n  exposure: {{type: Address}}\n",
+        c.namespace
     );
     let applied = c.kubectl_stdin(&["apply", "-f", "-"], &member_spec);
     assert!(
@@ -869,9 +1209,7 @@ fn second_control_plane_comes_and_goes(
     );
     let applied = c.kubectl_stdin(
         &["apply", "-f", "-"],
-        &span(&format!(
-            "{{name: a}}, {{name: b}}, {{name: c, cluster: {name}}}"
-        )),
+        &span(&format!("{{name: a}}, {{name: b}}, {c_node}")),
     );
     assert!(
         applied.status.success(),
@@ -907,10 +1245,7 @@ fn second_control_plane_comes_and_goes(
     );
     let args = pod["spec"]["containers"][0]["args"].to_string();
     assert!(
-        args.contains(&format!(
-            "\"--hub\",\"https://nm-hub.{}.svc:50051\"",
-            c.namespace
-        )),
+        args.contains(&format!("\"--hub\",\"https://{hub_address}\"")),
         "c dials the member's hubAddress: {args}"
     );
     assert_eq!(member_objects("secrets"), "span-c-credentials");
@@ -983,6 +1318,135 @@ fn second_control_plane_comes_and_goes(
     };
     c.wait_for("a's ping to b", Duration::from_secs(120), ping_b);
 
+    // Issue 17.4: the member gets a node of its own (containerd and a kubelet
+    // in their own network namespace, pod addresses routed between the two
+    // clusters). c runs there, its agent dials the hub here, b dials c at
+    // its pod IP, and real traffic crosses the clusters.
+    let t = Instant::now();
+    member("start-node");
+    let phase_of_c = || {
+        String::from_utf8_lossy(
+            &in_member(&["get", "pod", "span-c", "-o", "jsonpath={.status.phase}"]).stdout,
+        )
+        .trim()
+        .to_owned()
+    };
+    c.wait_for("c running in the member", Duration::from_secs(90), || {
+        phase_of_c() == "Running"
+    });
+    c.wait_for(
+        "span Ready across both clusters",
+        Duration::from_secs(120),
+        || condition(c, "span", "Ready").0 == "True",
+    );
+    println!(
+        "span: Ready {:.1} s after the member got a node (c's pod scheduled there)",
+        t.elapsed().as_secs_f64()
+    );
+    let endpoint_of_c = || {
+        c.psql(&format!(
+            "SELECT coalesce(n.endpoint, '') FROM nodes n JOIN topologies t ON t.id = n.topology_id WHERE t.key = '{}/span' AND n.name = 'c'",
+            c.namespace
+        ))
+    };
+    let ip_of_c = || {
+        String::from_utf8_lossy(
+            &in_member(&["get", "pod", "span-c", "-o", "jsonpath={.status.podIP}"]).stdout,
+        )
+        .trim()
+        .to_owned()
+    };
+    assert_eq!(
+        endpoint_of_c(),
+        format!("{}:7100", ip_of_c()),
+        "b dials c at its pod IP"
+    );
+    let across = |what: &str| -> i64 {
+        c.psql(&format!(
+            "SELECT coalesce(sum(k.rx_bytes), 0) FROM link_counters k JOIN topologies t ON t.id = k.topology_id WHERE t.key = '{}/span' AND k.node = 'b' AND k.link = 'b-c'",
+            c.namespace
+        ))
+        .parse()
+        .unwrap_or_else(|e| panic!("{what}: a byte count: {e}"))
+    };
+    let curl_c = || {
+        let before = across("before");
+        let mut got = String::new();
+        c.wait_for(
+            "a's curl from c across the clusters",
+            Duration::from_secs(60),
+            || {
+                let out = c.kubectl(&[
+                "exec", "span-a", "-c", "client", "--", "sh", "-c",
+                "curl -sS --fail --max-time 30 -o /tmp/big http://c:8000/big && sha256sum /tmp/big",
+            ]);
+                got = String::from_utf8_lossy(&out.stdout)
+                    .split_whitespace()
+                    .next()
+                    .unwrap_or("")
+                    .to_owned();
+                out.status.success()
+            },
+        );
+        assert_eq!(got, expected, "c's 8 MiB arrive whole across the clusters");
+        c.wait_for(
+            "the bytes on b-c's counters",
+            Duration::from_secs(30),
+            || across("after") - before > 8_000_000,
+        );
+        across("after") - before
+    };
+    let bytes = curl_c();
+    println!(
+        "span: 8 MiB curl from c (member) to a (home), sha256 equal, {bytes} bytes on b's end of b-c"
+    );
+    // The cross-cluster link's delay, patched with kubectl and measured.
+    let rtt_to_c = || -> f64 {
+        let out = c.ok(&[
+            "exec",
+            "span-a",
+            "-c",
+            "client",
+            "--",
+            "sh",
+            "-c",
+            "ping -c 5 -i 0.2 -W 2 c | tail -1",
+        ]);
+        // "min/avg/max[/mdev] = a/b/c[/d] ms" (busybox or iputils): the second figure.
+        out.split_once('=')
+            .and_then(|(_, figures)| figures.split('/').nth(1))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("ping's average: {out}"))
+    };
+    let before = rtt_to_c();
+    c.ok(&[
+        "patch",
+        "topology",
+        "span",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op": "add", "path": "/spec/links/1/delay", "value": "20ms"}]"#,
+    ]);
+    let t = Instant::now();
+    let mut after = before;
+    c.wait_for(
+        "b-c's 20 ms delay on a's pings to c",
+        Duration::from_secs(30),
+        || {
+            after = rtt_to_c();
+            after > before + 38.0
+        },
+    );
+    assert!(
+        after < before + 55.0,
+        "20 ms each way, not more: {before:.1} -> {after:.1} ms"
+    );
+    println!(
+        "span: kubectl patch of b-c's delay to 20ms: a->c RTT {before:.1} -> {after:.1} ms, seen {:.1} s after the patch",
+        t.elapsed().as_secs_f64()
+    );
+
     let uid_of_c = || {
         String::from_utf8_lossy(
             &in_member(&["get", "pod", "span-c", "-o", "jsonpath={.metadata.uid}"]).stdout,
@@ -1029,13 +1493,17 @@ fn second_control_plane_comes_and_goes(
         t.elapsed().as_secs_f64()
     );
     assert!(ping_b(), "a still pings b while c's cluster is away");
+    assert!(
+        rtt_to_c() > 38.0,
+        "c's agent keeps forwarding while its API server is away"
+    );
     // A node added while the member is away is made when it returns; and a
     // topology-wide change (the dataplane's processors: every agent starts
     // afresh, though no pod spec changes) restarts c's agent there too.
     let applied = c.kubectl_stdin(
         &["apply", "-f", "-"],
         &span(&format!(
-            "{{name: a}}, {{name: b}}, {{name: c, cluster: {name}}}, {{name: d, cluster: {name}}}"
+            "{{name: a}}, {{name: b}}, {c_node}, {{name: d, cluster: {name}}}"
         ))
         .replace("spec:\n", "spec:\n  dataplane: {processors: 3}\n"),
     );
@@ -1078,18 +1546,40 @@ fn second_control_plane_comes_and_goes(
         "member resynced {:.1} s after its API server started",
         t.elapsed().as_secs_f64()
     );
+    // The dataplane change made every agent's pod afresh, a's too: its
+    // client container went with the old one.
+    ephemeral(
+        c,
+        "span-a",
+        "client",
+        "exec python3 -c 'import time; time.sleep(36000)'",
+    );
+    // c's new pod has a new address: b is told and dials it there.
+    c.wait_for("b dialing c's new pod", Duration::from_secs(90), || {
+        let ip = ip_of_c();
+        !ip.is_empty() && endpoint_of_c() == format!("{ip}:7100")
+    });
+    let bytes = curl_c();
+    println!("span: c's new pod serves a again across the clusters ({bytes} bytes on b-c)");
 
-    // Deleting the topology removes what it had in both clusters.
+    // Deleting the topology removes what it had in both clusters; pods
+    // end within their grace period in either.
     c.ok(&["delete", "topology", "span", "--timeout=60s"]);
-    for kind in ["pods", "secrets", "services"] {
-        assert_eq!(
-            member_objects(kind),
-            "",
-            "the member keeps no {kind} of span"
-        );
-    }
-    // The member had no kubelet, so its pods went at once; here they end
-    // within their grace period.
+    c.wait_for(
+        "span's objects in the member to go",
+        Duration::from_secs(60),
+        || {
+            ["pods", "secrets", "services"]
+                .iter()
+                .all(|kind| member_objects(kind).is_empty())
+        },
+    );
+    // The namespace the operator made there goes too, once empty.
+    c.wait_for(
+        "the member namespace the operator made to go",
+        Duration::from_secs(60),
+        || !in_member(&["get", "namespace", &far]).status.success(),
+    );
     let left = || {
         c.ok(&[
             "get",
@@ -1106,6 +1596,7 @@ fn second_control_plane_comes_and_goes(
         left().is_empty()
     });
     c.ok(&["delete", "secret", "member-second"]);
+    c.ok(&["delete", "service", "nm-hub-members"]);
 }
 
 /// Issue 17.5: a second team's topology also called line3, in its own

@@ -143,7 +143,7 @@ mod tests {
             member["scope"], "Cluster",
             "every namespace's topologies may use one"
         );
-        assert!(yaml.contains("exposure.address is required for NodePort and Address"));
+        assert!(yaml.contains("exposure.address is required for NodePort and only for it"));
         assert!(yaml.contains("set exactly one of regions, clusters"));
         assert!(yaml.contains("endpoints must name two different nodes"));
         assert!(yaml.contains("set exactly one of ring, line, star, fatTree"));

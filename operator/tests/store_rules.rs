@@ -463,6 +463,10 @@ async fn structure_is_refused_live_and_stays_the_operators() {
             "nodes x: a node is removed",
         ),
         (
+            "UPDATE nodes SET endpoint = '203.0.113.9:7100' WHERE name = 'x'",
+            "nodes x: column endpoint is where the operator found the node's pod",
+        ),
+        (
             "UPDATE topologies SET mtu = 9000",
             "topologies dia: column mtu may not change live",
         ),
@@ -639,5 +643,64 @@ spec:
         store.scenario_timeline("dia").await.expect("timeline"),
         before,
         "a refused write changed the timeline"
+    );
+}
+
+/// Issue 17.3: the operator records where a node is dialed across clusters;
+/// a change moves the generation (so the hub tells the dialers), a record
+/// that changes nothing does not, and what is not `host:port` is refused
+/// even from the operator.
+#[tokio::test]
+async fn endpoints_are_recorded_by_the_operator_and_move_the_generation() {
+    let (_db, store, _user) = stored("endpoint-rows").await;
+    let generation = |store: Store| async move {
+        sqlx::query_scalar::<_, i64>("SELECT plan_generation FROM topologies WHERE name = 'dia'")
+            .fetch_one(store.pool())
+            .await
+            .expect("generation")
+    };
+    let g0 = generation(store.clone()).await;
+    let wanted = BTreeMap::from([
+        ("x".to_owned(), Some("198.18.64.9:7100".to_owned())),
+        ("y".to_owned(), None),
+    ]);
+    assert!(
+        store
+            .record_endpoints("dia", &wanted)
+            .await
+            .expect("record")
+    );
+    let g1 = generation(store.clone()).await;
+    assert_eq!(g1, g0 + 1, "a new endpoint is a new plan generation");
+    assert_eq!(
+        store.endpoints("dia").await.expect("endpoints"),
+        [("x".to_owned(), "198.18.64.9:7100".to_owned())].into()
+    );
+    assert!(!store.record_endpoints("dia", &wanted).await.expect("again"));
+    assert_eq!(
+        generation(store.clone()).await,
+        g1,
+        "nothing changed, nothing sent"
+    );
+    // A node left out loses its endpoint.
+    assert!(
+        store
+            .record_endpoints("dia", &BTreeMap::new())
+            .await
+            .expect("none")
+    );
+    assert!(store.endpoints("dia").await.expect("endpoints").is_empty());
+    let bad = BTreeMap::from([("x".to_owned(), Some("http://x/".to_owned()))]);
+    let err = store
+        .record_endpoints("dia", &bad)
+        .await
+        .expect_err("not host:port");
+    assert!(
+        err.to_string().contains("nodes_endpoint_host_port"),
+        "{err}"
+    );
+    assert!(
+        store.endpoints("dia").await.expect("endpoints").is_empty(),
+        "refused whole"
     );
 }

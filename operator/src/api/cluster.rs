@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
     printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
-#[x_kube(validation = Rule::new("!has(self.exposure) || self.exposure.type == 'LoadBalancer' || has(self.exposure.address)").message("exposure.address is required for NodePort and Address"))]
+#[x_kube(validation = Rule::new("!has(self.exposure) || (self.exposure.type == 'NodePort') == has(self.exposure.address)").message("exposure.address is required for NodePort and only for it (LoadBalancer dials the load balancer's address, Address the pods' own)"))]
 pub struct MemberClusterSpec {
     /// The region the cluster is in, e.g. `eu-west` (a DNS label). Topologies place
     /// nodes by region and give links between regions their own defaults.
@@ -86,13 +86,15 @@ fn default_kubeconfig_key() -> String {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ExposureSpec {
-    /// `NodePort` (a node's `address` and a node port per agent), `LoadBalancer`
-    /// (the cluster's load balancer gives the address) or `Address` (a given
-    /// address routes to the pods, e.g. through Submariner or a ClusterMesh).
+    /// `NodePort` (a Service per exposed node, dialed at `address` and its
+    /// node port, the same for TCP and UDP), `LoadBalancer` (a Service per
+    /// exposed node, dialed at the address the cluster's load balancer gives
+    /// it) or `Address` (pod IPs are routed between the clusters, e.g. by
+    /// Submariner, Cilium ClusterMesh or one flat network: a node's pod IP).
     #[serde(rename = "type")]
     pub kind: ExposureKind,
-    /// The address other clusters dial: a node's address for `NodePort`, the
-    /// routed address for `Address`.
+    /// For `NodePort`: an address of the cluster's nodes that the other
+    /// clusters' pods reach.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     pub address: Option<String>,

@@ -106,6 +106,17 @@ async fn make_it_so(
     let elsewhere = super::remote_sync::sync(topology, ctx, validated, manifest, remote).await;
     observed.clusters = elsewhere.clusters;
     observed.pod_problems.extend(elsewhere.pod_problems);
+    super::exposure::record(
+        ctx,
+        topology,
+        validated,
+        manifest,
+        &home,
+        &key,
+        elsewhere.endpoints,
+        &elsewhere.unanswered,
+    )
+    .await?;
     super::members::adopt(ctx, topology, manifest).await?;
     super::members::link_statuses(ctx, manifest, row.as_ref()).await?;
     super::members::flow_statuses(ctx, manifest, &key).await?;
@@ -341,6 +352,25 @@ pub(super) async fn clear(target: &Target, topology: &str) -> Result<(), Error> 
     )?;
     sync_parts::<Secret>(target, topology, Vec::new(), |s| &s.metadata).await?;
     sync_parts::<ConfigMap>(target, topology, Vec::new(), |c| &c.metadata).await?;
+    // The Services that exposed nodes to other clusters.
+    let services = Api::<Service>::namespaced(target.client.clone(), &target.namespace);
+    let exposing = format!(
+        "{},{}",
+        target.selector(topology),
+        super::exposure::EXPOSES_LABEL
+    );
+    for s in services
+        .list_metadata(&ListParams::default().labels(&exposing))
+        .await?
+        .items
+    {
+        ignore_missing(
+            services
+                .delete(&s.name_any(), &DeleteParams::default())
+                .await
+                .map(|_| ()),
+        )?;
+    }
     Ok(())
 }
 

@@ -532,7 +532,7 @@ pub fn hash_of(pod: &Pod) -> Option<&str> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::controller::fetch::assemble;
     use crate::controller::validate::validate;
@@ -583,7 +583,7 @@ mod tests {
         let t = topology(WAN);
         let m = with_member(
             &t,
-            "{region: eu-west, namespace: far, hubAddress: '203.0.113.7:30051', kubeconfigSecretRef: {namespace: nextmini, name: eu}}",
+            "{region: eu-west, namespace: far, hubAddress: '203.0.113.7:30051', kubeconfigSecretRef: {namespace: nextmini, name: eu}, exposure: {type: Address}}",
         );
         let v = validate(&m, "lab", None).expect("valid");
         let pods = agent_pods(&t, &v, &settings());

@@ -12,6 +12,7 @@
 
 pub mod apply;
 pub mod build;
+pub mod exposure;
 pub mod fetch;
 pub mod health;
 pub mod member_clusters;

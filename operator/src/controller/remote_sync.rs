@@ -14,7 +14,7 @@
 use super::apply::{self, Restart, Target};
 use super::remote::{self, Unreachable};
 use super::validate::Validated;
-use super::{Context, Error, build};
+use super::{Context, Error, build, exposure};
 use crate::api::{ClusterPlacementStatus, MemberCluster, Topology};
 use crate::plan::Manifest;
 use crate::runtime::pods;
@@ -51,6 +51,10 @@ pub(super) struct Elsewhere {
     pub clusters: Vec<ClusterPlacementStatus>,
     /// Pods in member clusters that cannot run, named with their cluster.
     pub pod_problems: Vec<String>,
+    /// The link endpoints found in the members that answered, by node.
+    pub endpoints: BTreeMap<String, Option<String>>,
+    /// The nodes of members that did not answer (their endpoints stand).
+    pub unanswered: Vec<String>,
 }
 
 /// Makes every member cluster that runs nodes (or held some) hold exactly
@@ -101,6 +105,9 @@ pub(super) async fn sync(
         reachable: true,
         message: None,
     });
+    let members: Vec<&MemberCluster> = manifest.member_clusters.iter().map(|d| &d.object).collect();
+    let home_member = exposure::home_member(&members);
+    let exposing = exposure::per_site(validated, home_member.as_ref());
     let mut visit: BTreeMap<String, (MemberCluster, String)> = validated
         .remote
         .iter()
@@ -143,9 +150,16 @@ pub(super) async fn sync(
             .unwrap_or_default()
             .and(work.restart.clone());
         let (pods, restart, work) = (&pods, &restart, &work);
-        let synced = in_member(ctx, &member, &name, namespace.clone(), |target| async move {
-            sync_one(ctx, topology, &target, key, pods, restart, work).await
-        })
+        let exposing = exposing.get(&Some(name.clone()));
+        let synced = in_member(
+            ctx,
+            &member,
+            &name,
+            namespace.clone(),
+            |target| async move {
+                sync_one(ctx, topology, &target, key, pods, restart, work, exposing).await
+            },
+        )
         .await;
         let mut entry = ClusterPlacementStatus {
             cluster: Some(name.clone()),
@@ -159,6 +173,7 @@ pub(super) async fn sync(
                 entry.reachable = true;
                 entry.pods = seen.pods;
                 entry.pods_running = seen.running;
+                out.endpoints.extend(seen.endpoints);
                 out.pod_problems
                     .extend(seen.problems.into_iter().map(|p| format!("{name}: {p}")));
                 if nodes.is_empty() && seen.pods == 0 {
@@ -168,6 +183,7 @@ pub(super) async fn sync(
             }
             Err(Failed::Refused(message)) => {
                 ctx.owed_restarts.owe(slot, restart.clone());
+                out.unanswered.extend(nodes.iter().map(|n| n.to_string()));
                 // It answered: a problem of the objects, not of the cluster.
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster refused an object");
                 entry.reachable = true;
@@ -176,6 +192,7 @@ pub(super) async fn sync(
             Err(Failed::Unreachable(message)) => {
                 tracing::warn!(topology = %key, cluster = %name, %message, "member cluster unreachable");
                 ctx.owed_restarts.owe(slot, restart.clone());
+                out.unanswered.extend(nodes.iter().map(|n| n.to_string()));
                 entry.message = Some(message);
             }
         }
@@ -276,12 +293,15 @@ where
     })
 }
 
+#[derive(Default)]
 struct Seen {
     pods: u32,
     running: u32,
     problems: Vec<String>,
+    endpoints: BTreeMap<String, Option<String>>,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn sync_one(
     ctx: &Context,
     topology: &Topology,
@@ -290,14 +310,12 @@ async fn sync_one(
     pods: &[Pod],
     restart: &Restart,
     work: &RemoteWork<'_>,
+    exposing: Option<&exposure::ClusterNodes<'_>>,
 ) -> Result<Seen, Error> {
     if pods.is_empty() {
         apply::clear(target, key).await?;
-        return Ok(Seen {
-            pods: 0,
-            running: 0,
-            problems: Vec::new(),
-        });
+        release_namespace(target).await?;
+        return Ok(Seen::default());
     }
     let cluster = target.cluster.as_deref().unwrap_or_default();
     let uid = topology.metadata.uid.as_deref();
@@ -331,9 +349,11 @@ async fn sync_one(
     let now = k8s_openapi::jiff::Timestamp::now();
     let mut seen = Seen {
         pods: live.items.len() as u32,
-        running: 0,
-        problems: Vec::new(),
+        ..Seen::default()
     };
+    if let Some(nodes) = exposing {
+        seen.endpoints = exposure::endpoints(target, key, topology, nodes).await?;
+    }
     for pod in &live.items {
         if pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running") {
             seen.running += 1;
@@ -350,7 +370,8 @@ async fn sync_one(
     Ok(seen)
 }
 
-/// The namespace the member's pods go into, made when missing.
+/// The namespace the member's pods go into, made when missing (marked as
+/// the operator's, so [`release_namespace`] deletes it once it is empty).
 async fn ensure_namespace(target: &Target) -> Result<(), Error> {
     let api = Api::<Namespace>::all(target.client.clone());
     if api.get_opt(&target.namespace).await?.is_some() {
@@ -371,6 +392,55 @@ async fn ensure_namespace(target: &Target) -> Result<(), Error> {
         Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
         other => other.map(|_| ()).map_err(Error::from),
     }
+}
+
+/// Deletes the member's namespace when the operator made it
+/// ([`ensure_namespace`] marks it) and none of the operator's objects are
+/// left in it: another topology's pods there keep it. One that comes while it
+/// terminates is refused until it is gone, and made again by that topology's
+/// next sync.
+async fn release_namespace(target: &Target) -> Result<(), Error> {
+    let namespaces = Api::<Namespace>::all(target.client.clone());
+    let Some(namespace) = namespaces.get_opt(&target.namespace).await? else {
+        return Ok(());
+    };
+    let ours = format!("app.kubernetes.io/managed-by={}", super::MANAGED_BY);
+    if namespace
+        .labels()
+        .get("app.kubernetes.io/managed-by")
+        .map(String::as_str)
+        != Some(super::MANAGED_BY)
+        || namespace.metadata.deletion_timestamp.is_some()
+    {
+        return Ok(());
+    }
+    let listed = ListParams::default().labels(&ours);
+    let pods = Api::<Pod>::namespaced(target.client.clone(), &target.namespace);
+    let secrets = Api::<Secret>::namespaced(target.client.clone(), &target.namespace);
+    // Pods already deleted do not hold it: the namespace's own deletion
+    // waits for them.
+    let live_pods = pods
+        .list_metadata(&listed)
+        .await?
+        .items
+        .iter()
+        .any(|p| p.metadata.deletion_timestamp.is_none());
+    if live_pods
+        || !secrets
+            .list_metadata(&listed.limit(1))
+            .await?
+            .items
+            .is_empty()
+    {
+        return Ok(());
+    }
+    tracing::info!(cluster = ?target.cluster, namespace = %target.namespace, "deleting the member namespace the operator made, now empty");
+    apply::ignore_missing(
+        namespaces
+            .delete(&target.namespace, &kube::api::DeleteParams::default())
+            .await
+            .map(|_| ()),
+    )
 }
 
 /// Removes the topology's objects from every member cluster that held them
@@ -403,7 +473,8 @@ pub async fn cleanup(topology: &Topology, ctx: &Context) -> Result<(), Error> {
             .unwrap_or_else(|| namespace.clone());
         let key = key.as_str();
         let cleared = in_member(ctx, &member, &name, target_namespace, |target| async move {
-            apply::clear(&target, key).await
+            apply::clear(&target, key).await?;
+            release_namespace(&target).await
         })
         .await
         .map_err(|failed| failed.message().to_owned());

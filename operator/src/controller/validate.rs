@@ -86,6 +86,21 @@ pub fn validate(
         });
     }
     let remote = remote_clusters(manifest, &plan, namespace)?;
+    if !remote.is_empty() {
+        let members: Vec<&MemberCluster> =
+            manifest.member_clusters.iter().map(|d| &d.object).collect();
+        let home = super::exposure::home_member(&members);
+        let sites = sites(&plan, &remote);
+        super::exposure::check(
+            &plan,
+            |node| sites.get(node).cloned().flatten(),
+            |site| match site {
+                Some(c) => remote.get(c).and_then(|r| r.member.spec.exposure.clone()),
+                None => home.as_ref().and_then(|h| h.spec.exposure.clone()),
+            },
+            home.as_ref().and_then(|h| h.metadata.name.as_deref()),
+        )?;
+    }
     let containers = user_containers(topology)?;
     match plan.packing() {
         Some(packing) => packed_fits(topology, &plan, packing, &containers)?,
@@ -106,6 +121,21 @@ pub fn validate(
         worker_image: topology.spec.worker_image.clone(),
         remote,
     })
+}
+
+/// Where each node runs: the member cluster's name, or `None` for the
+/// operator's own.
+pub(super) fn sites(
+    plan: &Plan,
+    remote: &BTreeMap<String, RemoteCluster>,
+) -> std::collections::HashMap<String, super::exposure::Site> {
+    plan.nodes
+        .iter()
+        .map(|n| {
+            let site = n.cluster.clone().filter(|c| remote.contains_key(c));
+            (n.name.clone(), site)
+        })
+        .collect()
 }
 
 /// A member cluster that runs some of the topology's nodes, and what its

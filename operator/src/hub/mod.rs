@@ -237,6 +237,7 @@ impl Hub {
                 if let Some(runtime) = store.runtime_of(topology).await? {
                     view.underlay = crate::runtime::pods::underlay_of(&view.plan, &runtime);
                 }
+                view.endpoints = Arc::new(store.endpoints(topology).await?);
                 view
             }
         };

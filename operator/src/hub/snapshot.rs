@@ -32,6 +32,10 @@ pub struct TopologyView {
     rules: Vec<RouteRuleRow>,
     /// How agents reach each other's link listeners.
     pub underlay: Underlay,
+    /// Nodes dialed elsewhere than `underlay` says (recorded by the
+    /// controller: a node in a member cluster, or one accepting a link from
+    /// another cluster), by name. Changes move the plan generation.
+    pub endpoints: Arc<HashMap<String, String>>,
     /// Node name → position in `plan.nodes`: a snapshot looks up every
     /// destination, and a linear search made serving 1,000 agents cubic (half
     /// the hub's time on a change, by perf).
@@ -230,6 +234,7 @@ impl TopologyView {
             routes: BTreeMap::new(),
             rules: Vec::new(),
             underlay: Underlay::Bridge,
+            endpoints: Arc::default(),
             nodes,
             overlays,
             ends,
@@ -256,6 +261,7 @@ impl TopologyView {
             routes: BTreeMap::new(),
             rules: Vec::new(),
             underlay: previous.underlay.clone(),
+            endpoints: previous.endpoints.clone(),
             nodes: previous.nodes.clone(),
             overlays: previous.overlays.clone(),
             ends: previous.ends.clone(),
@@ -356,7 +362,8 @@ impl TopologyView {
     /// Whether a change from `old` can have changed a snapshot only for the
     /// nodes `affected_nodes` names: everything but the links is the same
     /// (nodes, pools, dataplane, flows, report interval), and so are the
-    /// shortest-path tables, the link identity and the underlay. Then every
+    /// shortest-path tables, the link identity, the underlay and the
+    /// recorded endpoints. Then every
     /// other agent needs only the new generation number.
     pub fn same_outside_affected(&self, old: &TopologyView) -> bool {
         // Spelt out field by field, so that a field added to `Plan` has to be
@@ -394,6 +401,7 @@ impl TopologyView {
             && self.same_hops(old)
             && self.identity == old.identity
             && self.underlay == old.underlay
+            && self.endpoints == old.endpoints
     }
 
     /// Whether every node's next hop to every node is the same link (by
@@ -587,7 +595,11 @@ impl TopologyView {
                 Some(pb::LinkConfig {
                     name: link.name.clone(),
                     peer_node: peer.name.clone(),
-                    peer_addr: self.underlay.peer_addr(peer),
+                    peer_addr: self
+                        .endpoints
+                        .get(&peer.name)
+                        .cloned()
+                        .unwrap_or_else(|| self.underlay.peer_addr(peer)),
                     role: if dial {
                         pb::LinkRole::Dial as i32
                     } else {
@@ -883,6 +895,38 @@ mod tests {
     use super::*;
 
     use crate::plan::fixtures::line3;
+
+    #[test]
+    fn a_recorded_endpoint_is_what_the_peers_dial() {
+        let before = TopologyView::new(line3(), 7);
+        let mut view = TopologyView::new(line3(), 8);
+        view.underlay = Underlay::PodDns {
+            service: "nm-line3".into(),
+            namespace: "lab".into(),
+        };
+        view.endpoints = Arc::new(HashMap::from([(
+            "c".to_owned(),
+            "198.18.9.7:31000".to_owned(),
+        )]));
+        let dialed = |node: &str, peer: &str| {
+            view.snapshot(node)
+                .expect("a node")
+                .links
+                .into_iter()
+                .find(|l| l.peer_node == peer)
+                .expect("a link to the peer")
+                .peer_addr
+        };
+        assert_eq!(dialed("b", "c"), "198.18.9.7:31000");
+        assert_eq!(dialed("b", "a"), format!("a.nm-line3.lab.svc:{LINK_PORT}"));
+        let mut same = TopologyView::new(line3(), 8);
+        same.underlay = view.underlay.clone();
+        assert!(
+            !same.same_outside_affected(&view),
+            "a moved endpoint reaches every dialer"
+        );
+        assert!(!view.same_outside_affected(&before));
+    }
 
     #[test]
     fn middle_node_dials_one_peer_accepts_the_other_and_routes_both_ways() {

@@ -54,6 +54,12 @@ pub fn hosts_config_map(topology: &str, part: usize) -> String {
     bounded(&format!("nm-{}-hosts-{part}", name_of(topology)), 253)
 }
 
+/// The Service that exposes a node's link listener to other clusters
+/// (NodePort or LoadBalancer exposure).
+pub fn link_service_name(topology: &str, node: &str) -> String {
+    bounded(&format!("{}-{node}-link", name_of(topology)), 63)
+}
+
 /// The agent pod of a node.
 pub fn pod_name(topology: &str, node: &str) -> String {
     bounded(&format!("{}-{node}", name_of(topology)), 63)

@@ -4,6 +4,7 @@
 //! formatting user input into SQL.
 
 mod counters;
+mod endpoints;
 mod faults;
 mod fidelity;
 mod flows;
@@ -226,6 +227,23 @@ impl Store {
     }
 
     /// Which runtime runs the topology (`netns`, or `kubernetes/<namespace>`).
+    /// See [`endpoints::record`].
+    pub async fn record_endpoints(
+        &self,
+        topology: &str,
+        endpoints: &BTreeMap<String, Option<String>>,
+    ) -> Result<bool> {
+        endpoints::record(&self.pool, topology, endpoints).await
+    }
+
+    /// See [`endpoints::load`].
+    pub async fn endpoints(
+        &self,
+        topology: &str,
+    ) -> Result<std::collections::HashMap<String, String>> {
+        endpoints::load(&self.pool, topology).await
+    }
+
     pub async fn runtime_of(&self, topology: &str) -> Result<Option<String>> {
         Ok(
             sqlx::query_scalar("SELECT runtime FROM topologies WHERE key = $1")
