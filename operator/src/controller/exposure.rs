@@ -303,11 +303,7 @@ async fn expose(
                 &link_service(at, key, owner, node, kind, None, false),
             )
             .await?;
-            api.get(&name)
-                .await
-                .ok()
-                .as_ref()
-                .and_then(|s| port_of(s, "TCP"))
+            port_of(&api.get(&name).await?, "TCP")
         }
         (_, port) => port,
     };

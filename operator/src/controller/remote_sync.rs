@@ -435,12 +435,18 @@ async fn release_namespace(target: &Target) -> Result<(), Error> {
         return Ok(());
     }
     tracing::info!(cluster = ?target.cluster, namespace = %target.namespace, "deleting the member namespace the operator made, now empty");
-    apply::ignore_missing(
-        namespaces
-            .delete(&target.namespace, &kube::api::DeleteParams::default())
-            .await
-            .map(|_| ()),
-    )
+    match namespaces
+        .delete(&target.namespace, &kube::api::DeleteParams::default())
+        .await
+    {
+        // A kubeconfig that may make namespaces but not delete them leaves
+        // an empty one behind; that must not hold the Topology's deletion.
+        Err(kube::Error::Api(e)) if e.code == 403 => {
+            tracing::warn!(cluster = ?target.cluster, namespace = %target.namespace, message = %e.message, "may not delete the empty member namespace; left in place");
+            Ok(())
+        }
+        other => apply::ignore_missing(other.map(|_| ())),
+    }
 }
 
 /// Removes the topology's objects from every member cluster that held them
