@@ -188,3 +188,43 @@ maxPods: 110
 $extra
 EOF
 }
+
+# gen_key FILE: a P-256 private key, readable by root only.
+gen_key() { openssl ecparam -name prime256v1 -genkey -noout -out "$1" 2>/dev/null; chmod 600 "$1"; }
+
+# cert DIR NAME SUBJECT EXT: DIR/NAME.key and a leaf certificate DIR/NAME.crt
+# signed by the cluster CA ($STATE/pki).
+cert() {
+  local dir=$1 name=$2 subj=$3 ext=$4 ca=$STATE/pki
+  gen_key "$dir/$name.key"
+  openssl req -new -key "$dir/$name.key" -subj "$subj" -out "$dir/$name.csr" 2>/dev/null
+  openssl x509 -req -in "$dir/$name.csr" -CA "$ca/ca.crt" -CAkey "$ca/ca.key" -set_serial "0x$(openssl rand -hex 16)" \
+    -days 3650 -sha256 -extfile <(printf '%s\n' "basicConstraints=critical,CA:FALSE" \
+      "keyUsage=critical,digitalSignature,keyEncipherment" "$ext") -out "$dir/$name.crt" 2>/dev/null
+  rm -f "$dir/$name.csr"
+}
+
+# kubeconfig_file OUT SERVER CERT_PREFIX USER: a kubeconfig for the client
+# certificate CERT_PREFIX.crt/.key at SERVER, trusting the cluster CA.
+kubeconfig_file() {
+  local out=$1 server=$2 cert=$3 user=$4
+  cat >"$out" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: nextmini
+  cluster:
+    server: $server
+    certificate-authority-data: $(base64 -w0 <"$STATE/pki/ca.crt")
+users:
+- name: $user
+  user:
+    client-certificate-data: $(base64 -w0 <"$cert.crt")
+    client-key-data: $(base64 -w0 <"$cert.key")
+contexts:
+- name: nextmini
+  context: {cluster: nextmini, user: $user}
+current-context: nextmini
+EOF
+  chmod 600 "$out"
+}

@@ -97,18 +97,6 @@ CTRD=$MEMBER/containerd
 MEMBER_SOCK=$CTRD/containerd.sock
 in_netns() { nsenter --net="/run/netns/$NETNS" "$@"; }
 
-member_cert() {
-  local name=$1 subj=$2 ext=$3
-  openssl ecparam -name prime256v1 -genkey -noout -out "$MEMBER/$name.key" 2>/dev/null
-  chmod 600 "$MEMBER/$name.key"
-  openssl req -new -key "$MEMBER/$name.key" -subj "$subj" -out "$MEMBER/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$MEMBER/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" \
-    -set_serial "0x$(openssl rand -hex 16)" -days 3650 -sha256 \
-    -extfile <(printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-      "keyUsage=critical,digitalSignature,keyEncipherment" "$ext") -out "$MEMBER/$name.crt" 2>/dev/null
-  rm -f "$MEMBER/$name.csr"
-}
-
 start_node() {
   alive member-kubelet && return 0
   [[ -f $KUBECONFIG_MEMBER ]] || die "the member's control plane is not up: member.sh start first"
@@ -160,28 +148,10 @@ start_node() {
   done
   log "member images imported (pause, nextmini, tools; dev and $app_version)"
 
-  member_cert kubelet "/O=system:nodes/CN=system:node:$MEMBER_NODE" "extendedKeyUsage=clientAuth"
-  member_cert kubelet-server "/CN=$MEMBER_NODE" "extendedKeyUsage=serverAuth
+  cert "$MEMBER" kubelet "/O=system:nodes/CN=system:node:$MEMBER_NODE" "extendedKeyUsage=clientAuth"
+  cert "$MEMBER" kubelet-server "/CN=$MEMBER_NODE" "extendedKeyUsage=serverAuth
 subjectAltName=IP:$MEMBER_NODE_IP,DNS:$MEMBER_NODE"
-  cat >"$MEMBER/kubelet.kubeconfig" <<CONF
-apiVersion: v1
-kind: Config
-clusters:
-- name: member
-  cluster:
-    server: $APISERVER
-    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
-users:
-- name: kubelet
-  user:
-    client-certificate-data: $(base64 -w0 <"$MEMBER/kubelet.crt")
-    client-key-data: $(base64 -w0 <"$MEMBER/kubelet.key")
-contexts:
-- name: member
-  context: {cluster: member, user: kubelet}
-current-context: member
-CONF
-  chmod 600 "$MEMBER/kubelet.kubeconfig"
+  kubeconfig_file "$MEMBER/kubelet.kubeconfig" "$APISERVER" "$MEMBER/kubelet" kubelet
   # Its pods' cgroups under a root of their own: the two kubelets never
   # see each other's pods.
   kubelet_config "$MEMBER/kubelet-config.yaml" "$MEMBER_NODE_IP" "$MEMBER/kubelet-server" "$MEMBER_SOCK" \

@@ -127,40 +127,8 @@ iptables -w -I FORWARD -j NMK8S-FORWARD
 log "node IP $NODE_IP on bridge $NODE_BRIDGE"
 
 # ------------------------------------------------------------------ certificates
-gen_key() { openssl ecparam -name prime256v1 -genkey -noout -out "$1" 2>/dev/null; chmod 600 "$1"; }
-# cert NAME SUBJECT EXT: a leaf certificate signed by the cluster CA.
-cert() {
-  local name=$1 subj=$2 ext=$3
-  gen_key "$PKI/$name.key"
-  openssl req -new -key "$PKI/$name.key" -subj "$subj" -out "$PKI/$name.csr" 2>/dev/null
-  openssl x509 -req -in "$PKI/$name.csr" -CA "$PKI/ca.crt" -CAkey "$PKI/ca.key" -set_serial "0x$(openssl rand -hex 16)" \
-    -days 3650 -sha256 -extfile <(printf '%s\n' "basicConstraints=critical,CA:FALSE" \
-      "keyUsage=critical,digitalSignature,keyEncipherment" "$ext") -out "$PKI/$name.crt" 2>/dev/null
-  rm -f "$PKI/$name.csr"
-}
 # kubeconfig NAME: a kubeconfig for the client certificate NAME.
-kubeconfig() {
-  local name=$1 out=${2:-$PKI/$1.kubeconfig}
-  cat >"$out" <<EOF
-apiVersion: v1
-kind: Config
-clusters:
-- name: nextmini
-  cluster:
-    server: $APISERVER
-    certificate-authority-data: $(base64 -w0 <"$PKI/ca.crt")
-users:
-- name: $name
-  user:
-    client-certificate-data: $(base64 -w0 <"$PKI/$name.crt")
-    client-key-data: $(base64 -w0 <"$PKI/$name.key")
-contexts:
-- name: nextmini
-  context: {cluster: nextmini, user: $name}
-current-context: nextmini
-EOF
-  chmod 600 "$out"
-}
+kubeconfig() { kubeconfig_file "$PKI/$1.kubeconfig" "$APISERVER" "$PKI/$1" "$1"; }
 
 t=$SECONDS
 gen_key "$PKI/ca.key"
@@ -168,16 +136,16 @@ openssl req -x509 -new -key "$PKI/ca.key" -sha256 -days 3650 -subj "/CN=nextmini
   -addext "basicConstraints=critical,CA:TRUE" -addext "keyUsage=critical,keyCertSign,cRLSign,digitalSignature" \
   -out "$PKI/ca.crt" 2>/dev/null
 CLIENT="extendedKeyUsage=clientAuth"
-cert apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
+cert "$PKI" apiserver "/CN=kube-apiserver" "extendedKeyUsage=serverAuth
 subjectAltName=IP:$NODE_IP,IP:$KUBERNETES_SVC_IP,IP:127.0.0.1,DNS:localhost,DNS:kubernetes,DNS:kubernetes.default,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local"
-cert apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$CLIENT"
-cert admin "/O=system:masters/CN=nextmini-admin" "$CLIENT"
-cert controller-manager "/CN=system:kube-controller-manager" "$CLIENT"
-cert scheduler "/CN=system:kube-scheduler" "$CLIENT"
-cert kube-proxy "/CN=system:kube-proxy" "$CLIENT"
-cert coredns "/CN=nextmini:coredns" "$CLIENT"
-cert kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$CLIENT"
-cert kubelet-server "/CN=$NODE_NAME" "extendedKeyUsage=serverAuth
+cert "$PKI" apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-client" "$CLIENT"
+cert "$PKI" admin "/O=system:masters/CN=nextmini-admin" "$CLIENT"
+cert "$PKI" controller-manager "/CN=system:kube-controller-manager" "$CLIENT"
+cert "$PKI" scheduler "/CN=system:kube-scheduler" "$CLIENT"
+cert "$PKI" kube-proxy "/CN=system:kube-proxy" "$CLIENT"
+cert "$PKI" coredns "/CN=nextmini:coredns" "$CLIENT"
+cert "$PKI" kubelet "/O=system:nodes/CN=system:node:$NODE_NAME" "$CLIENT"
+cert "$PKI" kubelet-server "/CN=$NODE_NAME" "extendedKeyUsage=serverAuth
 subjectAltName=IP:$NODE_IP,DNS:$NODE_NAME"
 gen_key "$PKI/sa.key"
 openssl ec -in "$PKI/sa.key" -pubout -out "$PKI/sa.pub" 2>/dev/null

@@ -95,8 +95,10 @@ async fn make_it_so(
     let row = ctx.store.status(&key).await?;
     let mut observed = observe(ctx, &home, &key, row.as_ref(), generation).await?;
     let secrets = pod_files::credential_secrets(topology, &validated.plan, &credentials);
+    let exposing = super::exposure::per_site(validated, manifest);
     let remote = super::remote_sync::RemoteWork {
         pods: elsewhere,
+        exposing: &exposing,
         secrets,
         restart: &restart,
         row: row.as_ref(),
@@ -109,8 +111,7 @@ async fn make_it_so(
     super::exposure::record(
         ctx,
         topology,
-        validated,
-        manifest,
+        &exposing,
         &home,
         &key,
         elsewhere.endpoints,
@@ -353,24 +354,7 @@ pub(super) async fn clear(target: &Target, topology: &str) -> Result<(), Error> 
     sync_parts::<Secret>(target, topology, Vec::new(), |s| &s.metadata).await?;
     sync_parts::<ConfigMap>(target, topology, Vec::new(), |c| &c.metadata).await?;
     // The Services that exposed nodes to other clusters.
-    let services = Api::<Service>::namespaced(target.client.clone(), &target.namespace);
-    let exposing = format!(
-        "{},{}",
-        target.selector(topology),
-        super::exposure::EXPOSES_LABEL
-    );
-    for s in services
-        .list_metadata(&ListParams::default().labels(&exposing))
-        .await?
-        .items
-    {
-        ignore_missing(
-            services
-                .delete(&s.name_any(), &DeleteParams::default())
-                .await
-                .map(|_| ()),
-        )?;
-    }
+    super::exposure::keep_exposing(target, topology, &Default::default()).await?;
     Ok(())
 }
 

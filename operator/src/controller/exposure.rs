@@ -23,7 +23,7 @@ use super::apply::{self, Target};
 use super::validate::Invalid;
 use super::{Error, NODE_LABEL, TOPOLOGY_LABEL, build, remote};
 use crate::api::{ExposureKind, ExposureSpec, MemberCluster, Topology};
-use crate::plan::{LINK_PORT, Plan};
+use crate::plan::{LINK_PORT, Manifest, Plan};
 use crate::runtime::pods;
 use k8s_openapi::api::core::v1::{Pod, Service, ServicePort, ServiceSpec};
 use kube::api::{DeleteParams, ListParams};
@@ -55,11 +55,12 @@ pub(super) fn crossing_acceptors(
 }
 
 /// The MemberCluster standing for the operator's own cluster (no kubeconfig).
-pub(super) fn home_member(members: &[&MemberCluster]) -> Option<MemberCluster> {
-    members
+pub(super) fn home_member(manifest: &Manifest) -> Option<&MemberCluster> {
+    manifest
+        .member_clusters
         .iter()
+        .map(|d| &d.object)
         .find(|m| m.spec.kubeconfig_secret_ref.is_none())
-        .map(|m| (*m).clone())
 }
 
 /// Refuses a topology with a link whose acceptor's cluster gives other
@@ -111,12 +112,13 @@ pub(super) struct ClusterNodes<'a> {
 /// nodes get an endpoint and how; empty when every node runs at home.
 pub(super) fn per_site<'a>(
     validated: &'a super::validate::Validated,
-    home: Option<&'a MemberCluster>,
+    manifest: &'a Manifest,
 ) -> BTreeMap<Site, ClusterNodes<'a>> {
     let mut out: BTreeMap<Site, ClusterNodes<'a>> = BTreeMap::new();
     if validated.remote.is_empty() {
         return out;
     }
+    let home = home_member(manifest);
     let sites = super::validate::sites(&validated.plan, &validated.remote);
     let site_of = |node: &str| sites.get(node).cloned().flatten();
     let crossing = crossing_acceptors(&validated.plan, site_of);
@@ -143,15 +145,14 @@ pub(super) fn per_site<'a>(
 }
 
 /// Records every node's endpoint: those found in the member clusters that
-/// answered (`found`), those of the operator's own cluster found here, and
-/// for the nodes of members that did not answer (`kept`), what was recorded
-/// before. A topology that never ran outside its own cluster costs nothing.
-#[allow(clippy::too_many_arguments)]
+/// answered (`found`), those of the operator's own cluster found here (its
+/// share of `sites`), and for the nodes of members that did not answer
+/// (`kept`), what was recorded before. A topology that never ran outside its
+/// own cluster costs nothing.
 pub(super) async fn record(
     ctx: &super::Context,
     owner: &Topology,
-    validated: &super::validate::Validated,
-    manifest: &crate::plan::Manifest,
+    sites: &BTreeMap<Site, ClusterNodes<'_>>,
     home: &Target,
     key: &str,
     mut found: BTreeMap<String, Option<String>>,
@@ -161,9 +162,6 @@ pub(super) async fn record(
         .status
         .as_ref()
         .is_some_and(|s| !s.clusters.is_empty());
-    let members: Vec<&MemberCluster> = manifest.member_clusters.iter().map(|d| &d.object).collect();
-    let home_member = home_member(&members);
-    let sites = per_site(validated, home_member.as_ref());
     if sites.is_empty() && !held {
         return Ok(());
     }
@@ -215,21 +213,7 @@ pub(super) async fn endpoints(
     } else {
         BTreeSet::new()
     };
-    let services = Api::<Service>::namespaced(target.client.clone(), &target.namespace);
-    let live = services
-        .list(&ListParams::default().labels(&format!("{},{EXPOSES_LABEL}", target.selector(key))))
-        .await?;
-    for service in &live.items {
-        let exposes = service.labels().get(EXPOSES_LABEL).map(String::as_str);
-        if !exposes.is_some_and(|n| wanted.contains(n)) {
-            apply::ignore_missing(
-                services
-                    .delete(&service.name_any(), &DeleteParams::default())
-                    .await
-                    .map(|_| ()),
-            )?;
-        }
-    }
+    let live = keep_exposing(target, key, &wanted).await?;
     let (Some(kind), Some(exposure)) = (kind, nodes.exposure) else {
         return Ok(out);
     };
@@ -244,7 +228,6 @@ pub(super) async fn endpoints(
         ExposureKind::NodePort | ExposureKind::LoadBalancer => {
             for node in &nodes.crossing {
                 let live = live
-                    .items
                     .iter()
                     .find(|s| s.labels().get(EXPOSES_LABEL).map(String::as_str) == Some(node));
                 let service = expose(target, key, owner, node, kind, live).await?;
@@ -253,6 +236,34 @@ pub(super) async fn endpoints(
         }
     }
     Ok(out)
+}
+
+/// Deletes the topology's exposing Services at `target` but those of the
+/// nodes in `wanted`, and returns those.
+pub(super) async fn keep_exposing(
+    target: &Target,
+    key: &str,
+    wanted: &BTreeSet<&str>,
+) -> Result<Vec<Service>, Error> {
+    let services = Api::<Service>::namespaced(target.client.clone(), &target.namespace);
+    let live = services
+        .list(&ListParams::default().labels(&format!("{},{EXPOSES_LABEL}", target.selector(key))))
+        .await?;
+    let mut kept = Vec::new();
+    for service in live.items {
+        let exposes = service.labels().get(EXPOSES_LABEL).map(String::as_str);
+        if exposes.is_some_and(|n| wanted.contains(n)) {
+            kept.push(service);
+        } else {
+            apply::ignore_missing(
+                services
+                    .delete(&service.name_any(), &DeleteParams::default())
+                    .await
+                    .map(|_| ()),
+            )?;
+        }
+    }
+    Ok(kept)
 }
 
 /// Each node's pod IP at `target`, from its pods not being deleted.
@@ -474,7 +485,7 @@ mod tests {
         let t = topology(SPAN);
         let m = with_member(&t, &format!("{{{MEMBER}, exposure: {{type: Address}}}}"));
         let v = validate(&m, "lab", None).expect("valid");
-        let sites = per_site(&v, None);
+        let sites = per_site(&v, &m);
         assert_eq!(sites.len(), 2, "home and eu");
         let eu = &sites[&Some("eu".to_owned())];
         assert_eq!(eu.crossing, ["b"]);
@@ -487,8 +498,9 @@ mod tests {
         );
         // All at home: nothing to record.
         let t = topology(&SPAN.replace(", cluster: eu", ""));
-        let v = validate(&with_member(&t, &format!("{{{MEMBER}}}")), "lab", None).expect("valid");
-        assert!(per_site(&v, None).is_empty());
+        let m = with_member(&t, &format!("{{{MEMBER}}}"));
+        let v = validate(&m, "lab", None).expect("valid");
+        assert!(per_site(&v, &m).is_empty());
     }
 
     #[test]

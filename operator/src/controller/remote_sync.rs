@@ -34,6 +34,8 @@ const MEMBER_SYNC_TIMEOUT: Duration = Duration::from_secs(20);
 pub(super) struct RemoteWork<'a> {
     /// The agent pods built for member clusters (each labelled with its own).
     pub pods: Vec<Pod>,
+    /// Per cluster, its nodes dialed from elsewhere and how it exposes them.
+    pub exposing: &'a BTreeMap<exposure::Site, exposure::ClusterNodes<'a>>,
     /// Every node's credential Secret as kept in the operator's cluster.
     pub secrets: Vec<Secret>,
     pub restart: &'a Restart,
@@ -105,9 +107,6 @@ pub(super) async fn sync(
         reachable: true,
         message: None,
     });
-    let members: Vec<&MemberCluster> = manifest.member_clusters.iter().map(|d| &d.object).collect();
-    let home_member = exposure::home_member(&members);
-    let exposing = exposure::per_site(validated, home_member.as_ref());
     let mut visit: BTreeMap<String, (MemberCluster, String)> = validated
         .remote
         .iter()
@@ -150,7 +149,7 @@ pub(super) async fn sync(
             .unwrap_or_default()
             .and(work.restart.clone());
         let (pods, restart, work) = (&pods, &restart, &work);
-        let exposing = exposing.get(&Some(name.clone()));
+        let exposing = work.exposing.get(&Some(name.clone()));
         let synced = in_member(
             ctx,
             &member,

@@ -87,18 +87,16 @@ pub fn validate(
     }
     let remote = remote_clusters(manifest, &plan, namespace)?;
     if !remote.is_empty() {
-        let members: Vec<&MemberCluster> =
-            manifest.member_clusters.iter().map(|d| &d.object).collect();
-        let home = super::exposure::home_member(&members);
+        let home = super::exposure::home_member(manifest);
         let sites = sites(&plan, &remote);
         super::exposure::check(
             &plan,
             |node| sites.get(node).cloned().flatten(),
             |site| match site {
                 Some(c) => remote.get(c).and_then(|r| r.member.spec.exposure.clone()),
-                None => home.as_ref().and_then(|h| h.spec.exposure.clone()),
+                None => home.and_then(|h| h.spec.exposure.clone()),
             },
-            home.as_ref().and_then(|h| h.metadata.name.as_deref()),
+            home.and_then(|h| h.metadata.name.as_deref()),
         )?;
     }
     let containers = user_containers(topology)?;
