@@ -97,7 +97,7 @@ async fn desired_state_round_trips_and_changes_atomically() {
     // A plan the database refuses (a link to a node that is not there) leaves the
     // previous version untouched.
     let mut broken = plan.clone();
-    broken.links[0].acceptor = "ghost".into();
+    broken.link_mut(0).acceptor = "ghost".into();
     assert!(
         store
             .apply_plan(&broken, "netns", "source", &hashes(&broken))
@@ -784,4 +784,40 @@ async fn the_same_name_in_two_namespaces_is_two_topologies() {
     .await
     .expect_err("a namespace with '/' is refused");
     assert!(slash.to_string().contains("namespace"), "{slash}");
+}
+
+/// The hub's views pool does not ping a connection before each statement
+/// (issue 16.4: that ping was a round trip on every change's path). A
+/// connection whose backend ended while idle must then fail its next
+/// statement as lost, so the hub reads again, and the pool must open another.
+#[tokio::test]
+async fn a_views_connection_ended_while_idle_fails_once_as_lost() {
+    let (_db, store, _) = line3_stored("viewsidle").await;
+    let views = store.dedicated(1);
+    assert!(views.plan_version("line3").await.expect("read").is_some());
+    let ended: Vec<bool> = sqlx::query_scalar(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+           AND backend_type = 'client backend'",
+    )
+    .fetch_all(store.pool())
+    .await
+    .expect("terminate");
+    assert!(!ended.is_empty(), "no idle connection to end");
+    let e = views
+        .plan_version("line3")
+        .await
+        .expect_err("a statement on the ended connection");
+    assert!(
+        e.is_connection_lost(),
+        "not taken as a lost connection: {e:?}"
+    );
+    assert!(
+        views
+            .plan_version("line3")
+            .await
+            .expect("read again")
+            .is_some(),
+        "the pool did not replace the ended connection"
+    );
 }

@@ -122,7 +122,7 @@ pub(super) fn per_site<'a>(
     let sites = super::validate::sites(&validated.plan, &validated.remote);
     let site_of = |node: &str| sites.get(node).cloned().flatten();
     let crossing = crossing_acceptors(&validated.plan, site_of);
-    for node in &validated.plan.nodes {
+    for node in validated.plan.nodes.iter() {
         let site = site_of(&node.name);
         let entry = out.entry(site.clone()).or_insert_with(|| ClusterNodes {
             crossing: Vec::new(),

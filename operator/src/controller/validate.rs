@@ -239,7 +239,7 @@ fn packed_fits(
         ..LINK_PORT.saturating_add(
             u16::try_from(packing.busiest_worker(nodes).saturating_mul(2)).unwrap_or(u16::MAX),
         );
-    for node in &plan.nodes {
+    for node in plan.nodes.iter() {
         if let Some((j, s)) = node
             .socks
             .iter()

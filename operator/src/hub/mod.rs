@@ -44,6 +44,10 @@ const RETENTION_EVERY: Duration = Duration::from_secs(30);
 const RETURN_MEMORY_EVERY: Duration = Duration::from_secs(5);
 /// How long agents a change does not touch wait for their delta.
 const UNAFFECTED_DELAY: Duration = Duration::from_millis(20);
+/// Connections of the views' own pool: a change reads the links it stamped,
+/// the routes and the rules side by side, and sqlx's ping of a connection
+/// given back holds it a round trip longer.
+const VIEWS_POOL: u32 = 4;
 
 type SessionKey = (String, String);
 
@@ -71,7 +75,7 @@ impl Hub {
         let counters = CounterBatcher::spawn(store.clone(), metrics.clone());
         Hub {
             inner: Arc::new(Inner {
-                views_store: store.dedicated(2),
+                views_store: store.dedicated(VIEWS_POOL),
                 store,
                 counters,
                 views: Mutex::new(HashMap::new()),
@@ -176,8 +180,26 @@ impl Hub {
         self.inner.started.elapsed().as_millis() as u64
     }
 
-    /// Reads a topology's current view (plan, link identity, routes) from the store.
+    /// Reads a topology's current view (plan, link identity, routes) from the
+    /// store, on another connection when one was found broken (the views'
+    /// pool does not test its connections before use).
     async fn load_view(
+        &self,
+        topology: &str,
+    ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
+        let mut tries = VIEWS_POOL;
+        loop {
+            match self.load_view_once(topology).await {
+                Err(e) if e.is_connection_lost() && tries > 0 => {
+                    tracing::debug!(%topology, error = %e, "view read on a broken connection; again on another");
+                    tries -= 1;
+                }
+                done => return done,
+            }
+        }
+    }
+
+    async fn load_view_once(
         &self,
         topology: &str,
     ) -> Result<Option<Arc<TopologyView>>, crate::store::StoreError> {
@@ -201,10 +223,12 @@ impl Hub {
             // Only routes, rules or links in place changed since `old`: its
             // plan stands but for the links stamped after it.
             Some(o) => {
-                let changed = store
-                    .links_changed_since(version.id, o.generation, o.plan.dataplane.mtu)
-                    .await?;
-                let (routes, rules) = store.routes(topology).await?;
+                // Side by side: each is a round trip to a database that
+                // 10,000 agents' reports keep busy.
+                let (changed, (routes, rules)) = tokio::try_join!(
+                    store.links_changed_since(version.id, o.generation, o.plan.dataplane.mtu),
+                    store.routes(topology),
+                )?;
                 let mut view = if changed.links.is_empty() {
                     TopologyView::same_plan_as(o, version.generation)
                 } else {
@@ -360,18 +384,8 @@ impl Hub {
         // the agents of this one run.
         let old = old.filter(|o| new.as_ref().is_some_and(|n| n.topology_id == o.topology_id));
         let mut sessions = self.inner.sessions.lock().await;
-        // Sessions of a deleted creation end here, also when the name was
-        // applied again before this notification was read: their agents are
-        // being removed, and none of them may take the new creation's state.
-        let current = new.as_ref().map(|n| n.topology_id);
-        sessions.retain(|(t, _), entry| {
-            if t != topology || Some(entry.topology_id) == current {
-                return true;
-            }
-            entry.send(reject(format!("topology {topology} was deleted")));
-            false
-        });
         let Some(new) = new else {
+            end_other_creations(&mut sessions, topology, None);
             return;
         };
         let affected = old.as_ref().map(|o| new.affected_nodes(o));
@@ -398,6 +412,12 @@ impl Hub {
         for key in &first {
             bring_up_to_date(&mut sessions, key, &new);
         }
+        // The sends woke the changed nodes' connection tasks into this
+        // worker's next slot, which no other worker may take: they would run
+        // only after the scans below, milliseconds at 10,000 agents.
+        tokio::task::yield_now().await;
+        // After the changed nodes' sends, which skip such sessions.
+        end_other_creations(&mut sessions, topology, Some(new.topology_id));
         let rest: Vec<SessionKey> = match &affected {
             Some(nodes) => sessions
                 .keys()
@@ -676,7 +696,9 @@ fn bring_up_to_date(
         return;
     };
     let (topology, node) = key;
-    if entry.generation >= new.generation || entry.held {
+    // A session of an earlier creation of this name: `end_other_creations`
+    // ends it.
+    if entry.generation >= new.generation || entry.held || entry.topology_id != new.topology_id {
         return;
     }
     let Some(next) = new.snapshot(node) else {
@@ -703,6 +725,24 @@ fn bring_up_to_date(
         entry.same_as = new.generation;
         entry.config = Some(SentConfig::of(&next));
     }
+}
+
+/// Ends the sessions of `topology` that are not of creation `current` (all
+/// of them when it was deleted), also when the name was applied again before
+/// the notification was read: their agents are being removed, and none of
+/// them may take the new creation's state.
+fn end_other_creations(
+    sessions: &mut HashMap<SessionKey, SessionEntry>,
+    topology: &str,
+    current: Option<i64>,
+) {
+    sessions.retain(|(t, _), entry| {
+        if t != topology || Some(entry.topology_id) == current {
+            return true;
+        }
+        entry.send(reject(format!("topology {topology} was deleted")));
+        false
+    });
 }
 
 /// For a session whose agent runs the config of generation `from`, which the
@@ -876,10 +916,41 @@ mod tests {
         }
     }
 
+    /// A view of creation 1, the sessions' own.
+    fn view(plan: crate::plan::Plan, generation: i64) -> TopologyView {
+        let mut view = TopologyView::new(plan, generation);
+        view.topology_id = 1;
+        view
+    }
+
     fn with_rate(link: usize, rate: u64, generation: i64) -> TopologyView {
         let mut plan = line3();
-        plan.links[link].forward.rate_bps = Some(rate);
-        TopologyView::new(plan, generation)
+        plan.link_mut(link).forward.rate_bps = Some(rate);
+        view(plan, generation)
+    }
+
+    /// A session of an earlier creation of the name is sent nothing of the
+    /// new one's, and is ended once the changed nodes were served.
+    #[test]
+    fn a_session_of_an_earlier_creation_gets_nothing_and_is_ended() {
+        let (tx, mut rx) = mpsc::channel(8);
+        let key: SessionKey = ("line3".into(), "a".into());
+        let mut sessions = HashMap::from([(key.clone(), entry(tx))]);
+        let mut again = TopologyView::new(line3(), 1);
+        again.topology_id = 2;
+        bring_up_to_date(&mut sessions, &key, &again);
+        assert!(
+            rx.try_recv().is_err(),
+            "creation 2's state went to creation 1's agent"
+        );
+        end_other_creations(&mut sessions, "line3", Some(2));
+        assert!(sessions.is_empty());
+        match rx.try_recv().expect("a reject").expect("ok").msg {
+            Some(pb::controller_message::Msg::Reject(r)) => {
+                assert_eq!(r.reason, "topology line3 was deleted");
+            }
+            other => panic!("expected a reject, got {other:?}"),
+        }
     }
 
     /// Issue 16.4: a node a change leaves alone is sent nothing, and the next
@@ -889,7 +960,7 @@ mod tests {
         let (tx, mut rx) = mpsc::channel(8);
         let key: SessionKey = ("line3".into(), "a".into());
         let mut sessions = HashMap::from([(key.clone(), entry(tx))]);
-        let v1 = TopologyView::new(line3(), 1);
+        let v1 = view(line3(), 1);
         bring_up_to_date(&mut sessions, &key, &v1);
         assert!(matches!(
             rx.try_recv().expect("a snapshot").expect("ok").msg,
@@ -911,9 +982,9 @@ mod tests {
 
         // a-b's rate: a needs it, as a delta from generation 1, its own.
         let mut plan = line3();
-        plan.links[1].forward.rate_bps = Some(5_000_000);
-        plan.links[0].forward.rate_bps = Some(7_000_000);
-        let v3 = TopologyView::new(plan, 3);
+        plan.link_mut(1).forward.rate_bps = Some(5_000_000);
+        plan.link_mut(0).forward.rate_bps = Some(7_000_000);
+        let v3 = view(plan, 3);
         bring_up_to_date(&mut sessions, &key, &v3);
         match rx.try_recv().expect("a delta").expect("ok").msg {
             Some(pb::controller_message::Msg::Delta(d)) => {

@@ -39,6 +39,7 @@ fn put_back_one(plan: &mut Plan, part: &FaultyPart, old: Option<&Plan>) -> Strin
             let Some(link) = plan.links.iter_mut().find(|l| &l.name == name) else {
                 return "is not run".into();
             };
+            let link = std::sync::Arc::make_mut(link);
             match last {
                 Some(params) => {
                     *if forward {
@@ -56,6 +57,7 @@ fn put_back_one(plan: &mut Plan, part: &FaultyPart, old: Option<&Plan>) -> Strin
             let Some(link) = plan.links.iter_mut().find(|l| &l.name == name) else {
                 return "is not run".into();
             };
+            let link = std::sync::Arc::make_mut(link);
             match last {
                 Some(t) => {
                     link.transport = t;
@@ -66,7 +68,7 @@ fn put_back_one(plan: &mut Plan, part: &FaultyPart, old: Option<&Plan>) -> Strin
         }
         FaultyPart::NodeSocks(name) => {
             let last = old.and_then(|o| o.node(name)).map(|n| n.socks.clone());
-            let Some(node) = plan.nodes.iter_mut().find(|n| &n.name == name) else {
+            let Some(node) = plan.nodes_mut().iter_mut().find(|n| &n.name == name) else {
                 return "is not run".into();
             };
             match last {
@@ -110,8 +112,8 @@ mod tests {
         let old = TopologyView::new(good.clone(), 3);
         let name = good.links[0].name.clone();
         let mut loaded = good.clone();
-        loaded.links[0].forward = Default::default();
-        loaded.links[0].backward.rate_bps = Some(7);
+        loaded.link_mut(0).forward = Default::default();
+        loaded.link_mut(0).backward.rate_bps = Some(7);
         let problems = put_back(
             &mut loaded,
             &[fault(FaultyPart::LinkForward(name.clone()))],
@@ -126,7 +128,7 @@ mod tests {
         assert_eq!(problems[0].consequence, "runs its last good parameters");
 
         let mut fresh = good.clone();
-        fresh.links[0].forward = Default::default();
+        fresh.link_mut(0).forward = Default::default();
         let problems = put_back(&mut fresh, &[fault(FaultyPart::LinkForward(name))], None);
         assert_eq!(fresh.links[0].forward, Default::default());
         assert!(problems[0].consequence.starts_with("runs unimpaired"));

@@ -288,7 +288,7 @@ impl TopologyView {
         for link in changed.links {
             // Always found: the same creation, and links never come or go in place.
             if let Some(slot) = plan.links.iter_mut().find(|l| l.name == link.name) {
-                *slot = link;
+                *slot = Arc::new(link);
             }
         }
         let problems = super::repair::put_back(&mut plan, &changed.faults, Some(previous));
@@ -513,13 +513,13 @@ impl TopologyView {
             .plan
             .links
             .iter()
-            .map(|l| (l.name.as_str(), l))
+            .map(|l| (l.name.as_str(), &**l))
             .collect();
         let after: HashMap<&str, &crate::plan::PlannedLink> = self
             .plan
             .links
             .iter()
-            .map(|l| (l.name.as_str(), l))
+            .map(|l| (l.name.as_str(), &**l))
             .collect();
         for (name, link) in before.iter().chain(after.iter()) {
             if before.get(name) != after.get(name) {
@@ -1037,7 +1037,7 @@ mod tests {
         let plan = ring(41);
         let table = crate::plan::next_hops(&plan);
         let view = TopologyView::new(plan, 1);
-        for node in &view.plan.nodes {
+        for node in view.plan.nodes.iter() {
             let ranges = view
                 .snapshot(&node.name)
                 .and_then(|s| s.routes)
@@ -1102,7 +1102,7 @@ mod tests {
     #[test]
     fn a_gap_between_overlay_addresses_cuts_the_range() {
         let mut plan = ring(8);
-        for node in plan.nodes.iter_mut().skip(2) {
+        for node in plan.nodes_mut().iter_mut().skip(2) {
             node.overlay = std::net::Ipv4Addr::from(u32::from(node.overlay) + 10);
         }
         let view = TopologyView::new(plan, 1);
@@ -1113,7 +1113,7 @@ mod tests {
             .ranges;
         let gap: std::net::Ipv4Addr = "198.18.0.5".parse().expect("address");
         assert_eq!(range_lookup(&ranges, gap), None, "{ranges:?}");
-        for node in &view.plan.nodes {
+        for node in view.plan.nodes.iter() {
             assert!(
                 range_lookup(&ranges, node.overlay).is_some(),
                 "{} unreachable",
@@ -1332,7 +1332,7 @@ mod tests {
         assert!(x.routes.is_none(), "x's table did not change: {x:?}");
 
         let mut faster = diamond();
-        faster.links[0].forward.rate_bps = Some(5_000_000);
+        faster.link_mut(0).forward.rate_bps = Some(5_000_000);
         let relinked = TopologyView::new(faster, 2);
         let name = relinked.plan.links[0].name.clone();
         let dialer = relinked.plan.links[0].dialer.clone();
@@ -1350,7 +1350,7 @@ mod tests {
     fn a_change_that_keeps_the_graph_keeps_the_next_hop_table() {
         let before = TopologyView::new(diamond(), 1);
         let mut faster = diamond();
-        faster.links[0].forward.rate_bps = Some(5_000_000);
+        faster.link_mut(0).forward.rate_bps = Some(5_000_000);
         let after = TopologyView::after(faster, 2, Some(&before));
         assert!(
             Arc::ptr_eq(&after.hops, &before.hops),
@@ -1379,7 +1379,7 @@ mod tests {
         let before = TopologyView::new(diamond(), 1);
         // A rate change of one link, and a route with a rule: both confined.
         let mut faster = diamond();
-        faster.links[0].forward.rate_bps = Some(5_000_000);
+        faster.link_mut(0).forward.rate_bps = Some(5_000_000);
         let rerouted = TopologyView::new(diamond(), 2).with_routes(
             vec![route(2, &["s", "y", "d"])],
             vec![rule(1, 2, Some(5201), 1)],
@@ -1412,10 +1412,10 @@ mod tests {
     #[test]
     fn a_views_path_check_is_the_planners() {
         let mut plan = diamond();
-        let mut parallel = plan.links[0].clone();
+        let mut parallel = (*plan.links[0]).clone();
         parallel.name = format!("{}-0", plan.links[0].name);
         std::mem::swap(&mut parallel.dialer, &mut parallel.acceptor);
-        plan.links.push(parallel);
+        plan.links.push(Arc::new(parallel));
         plan.links.sort_by(|a, b| a.name.cmp(&b.name));
         let view = TopologyView::new(plan.clone(), 1);
         let paths: [&[&str]; 7] = [
@@ -1450,9 +1450,9 @@ mod tests {
             .iter()
             .position(|l| l.name == "x-d")
             .expect("x-d");
-        slower.links[i].forward.delay = Some(std::time::Duration::from_millis(7));
+        slower.link_mut(i).forward.delay = Some(std::time::Duration::from_millis(7));
         let changed = ChangedLinks {
-            links: vec![slower.links[i].clone()],
+            links: vec![(*slower.links[i]).clone()],
             faults: Vec::new(),
         };
         let after = TopologyView::with_links_changed(&before, 2, changed);
@@ -1475,7 +1475,7 @@ mod tests {
         let broken = ChangedLinks {
             links: vec![crate::plan::PlannedLink {
                 forward: Default::default(),
-                ..slower.links[i].clone()
+                ..(*slower.links[i]).clone()
             }],
             faults: vec![RowFault {
                 part: FaultyPart::LinkForward("x-d".into()),
@@ -1490,7 +1490,7 @@ mod tests {
         );
         assert_eq!(faulty.problems().len(), 1, "{:?}", faulty.problems());
         let repaired = ChangedLinks {
-            links: vec![slower.links[i].clone()],
+            links: vec![(*slower.links[i]).clone()],
             faults: Vec::new(),
         };
         let good = TopologyView::with_links_changed(&faulty, 4, repaired);

@@ -115,7 +115,7 @@ mod tests {
         assert!(agrees(&view, line3(), &[]));
 
         let mut changed = line3();
-        changed.links[0].forward.rate_bps = Some(1_000_000);
+        changed.link_mut(0).forward.rate_bps = Some(1_000_000);
         assert!(!agrees(&view, changed, &[]), "a valid value nobody stamped");
 
         // A faulty row runs the view's value: only the new fault differs.

@@ -76,7 +76,7 @@ pub(crate) fn plan(draft: &Draft, clusters: &super::sites::Clusters) -> Plan {
                 socks: node.socks.iter().filter_map(super::socks::plan).collect(),
             }
         })
-        .collect();
+        .collect::<Vec<_>>();
 
     let default_transport = spec.link_defaults.as_ref().and_then(|d| d.transport);
     let mut links: Vec<PlannedLink> = draft
@@ -129,8 +129,8 @@ pub(crate) fn plan(draft: &Draft, clusters: &super::sites::Clusters) -> Plan {
             .min(u128::from(u32::MAX)) as u32,
         seed: spec.seed,
         scenario: super::scenario::build(draft, clusters),
-        nodes,
-        links,
+        nodes: nodes.into(),
+        links: links.into_iter().map(std::sync::Arc::new).collect(),
         flows,
     }
 }

@@ -209,7 +209,7 @@ pub fn expand_runs(
 pub fn next_hops(plan: &Plan) -> BTreeMap<String, Vec<NextHop>> {
     next_hop_runs(plan)
         .into_iter()
-        .zip(&plan.nodes)
+        .zip(plan.nodes.iter())
         .map(|(row, node)| {
             let hops = expand_runs(&row, plan.nodes.len())
                 .flat_map(|(dsts, link)| dsts.map(move |dst| (dst, link)))

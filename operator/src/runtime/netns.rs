@@ -155,7 +155,7 @@ fn socks_addresses_free(node: &PlannedNode) -> Result<(), RuntimeError> {
 /// `curl http://c:8000/` works from a.
 pub fn hosts_file(plan: &Plan) -> String {
     let mut out = String::from("127.0.0.1\tlocalhost\n::1\tlocalhost\n");
-    for n in &plan.nodes {
+    for n in plan.nodes.iter() {
         out.push_str(&format!("{}\t{}\n", n.overlay, n.name));
     }
     out
@@ -308,7 +308,7 @@ impl NetnsRuntime {
     /// Rewrites /etc/hosts of every running node of the plan.
     pub fn write_hosts(&self, plan: &Plan) {
         let hosts = hosts_file(plan);
-        for node in &plan.nodes {
+        for node in plan.nodes.iter() {
             let dir = PathBuf::from(ETC_NETNS).join(names::netns(&plan.topology, &node.name));
             if dir.is_dir()
                 && let Err(e) = std::fs::write(dir.join("hosts"), &hosts)

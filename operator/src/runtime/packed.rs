@@ -44,7 +44,7 @@ impl WorkerNode {
 /// The nodes of each worker that hosts any, by worker number, in slot order.
 pub fn workers(plan: &Plan, packing: Packing) -> BTreeMap<u32, Vec<&PlannedNode>> {
     let mut out: BTreeMap<u32, Vec<(u32, &PlannedNode)>> = BTreeMap::new();
-    for node in &plan.nodes {
+    for node in plan.nodes.iter() {
         let seat = packing.seat(node.index);
         out.entry(seat.worker).or_default().push((seat.slot, node));
     }

@@ -114,7 +114,8 @@ pub(super) async fn change_nodes_links_and_flows(
             .iter()
             .filter(|n| added_credentials.contains_key(&n.name))
             .cloned()
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
         ..plan.clone()
     };
     insert_nodes(tx, id, &added, added_credentials).await?;
@@ -309,8 +310,8 @@ pub(super) async fn load(pool: &PgPool, name: &str) -> Result<Option<LoadedPlan>
         report_interval_ms: t.get::<i32, _>("report_interval_ms") as u32,
         seed: t.get::<Option<i64>, _>("seed").map(|s| s as u64),
         scenario,
-        nodes,
-        links,
+        nodes: nodes.into(),
+        links: links.into_iter().map(std::sync::Arc::new).collect(),
         flows,
     };
     let version = super::Version {

@@ -77,7 +77,7 @@ pub fn print_plan(file: &Path) -> anyhow::Result<i32> {
             p.nodes.len(),
             p.links.len()
         );
-        for n in &p.nodes {
+        for n in p.nodes.iter() {
             let mut site = String::new();
             if let Some(region) = &n.region {
                 site.push_str(&format!("  region {region}"));
