@@ -613,6 +613,10 @@ impl Hub {
             );
             if now.0 < held.0 || now.1 < held.1 {
                 trims_left = TRIMS_AFTER_A_FALL;
+                // The tables keep the capacity of their largest size: 400 KB
+                // of sessions after a 1,000-node ring's `down`.
+                self.inner.sessions.lock().await.shrink_to_fit();
+                self.inner.views.lock().await.shrink_to_fit();
             }
             if trims_left > 0 {
                 trims_left -= 1;

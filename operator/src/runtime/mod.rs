@@ -15,6 +15,7 @@ pub mod pods;
 pub mod process;
 pub mod scenario_nodes;
 pub mod supervise;
+pub mod tunables;
 pub mod worker;
 
 use crate::plan::Plan;

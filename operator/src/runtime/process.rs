@@ -36,6 +36,10 @@ pub fn spawn_agent(launch: &AgentLaunch<'_>) -> Result<u32, RuntimeError> {
         .try_clone()
         .map_err(|e| RuntimeError::io("log file", e))?;
     let mut command = Command::new(launch.binary);
+    match super::tunables::for_agent(std::env::var(super::tunables::VARIABLE).ok()) {
+        Some(t) => command.env(super::tunables::VARIABLE, t),
+        None => command.env_remove(super::tunables::VARIABLE),
+    };
     if let Some(socket) = launch.metrics_socket {
         command.arg("--metrics-socket").arg(socket);
     }

@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use nextmini_operator::hub::Hub;
 use nextmini_operator::localpg::{DEFAULT_PORT, LocalPg};
 use nextmini_operator::runtime::netns::NetnsRuntime;
-use nextmini_operator::runtime::{Runtime, names};
+use nextmini_operator::runtime::{Runtime, names, tunables};
 use nextmini_operator::store::Store;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -148,6 +148,10 @@ impl Local {
             .env(
                 "RUST_LOG",
                 std::env::var("RUST_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .env(
+                tunables::VARIABLE,
+                tunables::for_hub(std::env::var(tunables::VARIABLE).ok()),
             )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
