@@ -358,6 +358,20 @@ pub fn namespaces_of(topology: &str) -> Vec<String> {
         .collect()
 }
 
+/// Entries of one topology under /etc/netns (its nodes' directories and its
+/// shared hosts file).
+pub fn etc_netns_of(topology: &str) -> Vec<String> {
+    let prefix = nextmini_operator::runtime::names::netns_prefix(topology);
+    std::fs::read_dir("/etc/netns")
+        .map(|dir| {
+            dir.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 /// Host interfaces of one topology (its bridge and veth ends).
 pub fn interfaces_of(topology: &str) -> Vec<String> {
     let prefix = nextmini_operator::runtime::names::link_prefix(topology);

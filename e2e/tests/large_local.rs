@@ -6,7 +6,7 @@
 //! When the ring is gone, the hub has given its memory back.
 
 use nextmini_e2e::load::rss_bytes;
-use nextmini_e2e::{Env, interfaces_of, namespaces_of};
+use nextmini_e2e::{Env, etc_netns_of, interfaces_of, namespaces_of};
 use std::time::{Duration, Instant};
 
 const NODES: u32 = 1100;
@@ -85,6 +85,20 @@ fn a_1100_node_ring_forwards_end_to_end() {
         status.lines().take(5).collect::<Vec<_>>().join("\n")
     );
 
+    // Every node's /etc/hosts is one file (a hard link each), not N copies of
+    // N lines; names below resolve through it.
+    let hosts = std::path::Path::new("/etc/netns")
+        .join(nextmini_operator::runtime::names::netns(&topology, "n0"))
+        .join("hosts");
+    let links =
+        std::os::unix::fs::MetadataExt::nlink(&std::fs::metadata(&hosts).expect("n0's hosts"));
+    assert_eq!(
+        links,
+        u64::from(NODES) + 1,
+        "{} is not shared by every node",
+        hosts.display()
+    );
+
     // n550 is the farthest node, 550 links away (the former fixed 64-hop loop
     // guard cut everything past n64); n1099 is on the last bridge segment.
     let far = format!("n{}", NODES / 2);
@@ -107,6 +121,11 @@ fn a_1100_node_ring_forwards_end_to_end() {
     eprintln!("{NODES}-node ring down in {:.1?}", started.elapsed());
     assert!(namespaces_of(&topology).is_empty(), "namespaces left");
     assert!(interfaces_of(&topology).is_empty(), "interfaces left");
+    assert_eq!(
+        etc_netns_of(&topology),
+        Vec::<String>::new(),
+        "/etc/netns entries left"
+    );
 
     // The hub gives memory back a few seconds after sessions end.
     let bound = (hub_before as f64 * HUB_RSS_AFTER_DOWN_MAX) as u64;

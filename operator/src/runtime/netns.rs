@@ -10,7 +10,7 @@ use futures::StreamExt;
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 /// Nodes set up at once; netlink calls are quick, this only hides their latency.
@@ -62,7 +62,7 @@ impl NetnsRuntime {
         plan: &Plan,
         node: &PlannedNode,
         bridge_index: u32,
-        hosts: &str,
+        hosts: &Path,
         credential: &NodeCredential,
     ) -> Result<u32, RuntimeError> {
         let topology = &plan.topology;
@@ -92,7 +92,7 @@ impl NetnsRuntime {
         let etc = PathBuf::from(ETC_NETNS).join(&ns);
         std::fs::create_dir_all(&etc)
             .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
-        std::fs::write(etc.join("hosts"), hosts)
+        link_hosts(hosts, &etc.join("hosts"))
             .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
 
         let dir = self.credential_dir(topology);
@@ -149,6 +149,42 @@ fn socks_addresses_free(node: &PlannedNode) -> Result<(), RuntimeError> {
         }
     }
     Ok(())
+}
+
+/// The topology's /etc/hosts, which every node's `/etc/netns/<ns>/hosts`
+/// is a hard link to: one file of N lines instead of N (written twice
+/// each), 5 GB of writes at 10,000 nodes. `<prefix>.hosts`: no node name
+/// starts with a dot, so it is no node's directory, and the topology's
+/// sweep takes it with the nodes'.
+fn shared_hosts_path(topology: &str) -> PathBuf {
+    PathBuf::from(ETC_NETNS).join(format!("{}.hosts", names::netns_prefix(topology)))
+}
+
+/// Writes the topology's hosts file in place (its inode is what the nodes'
+/// links and running `nextmini exec` bind mounts hold) and returns its path.
+fn write_shared_hosts(plan: &Plan) -> Result<PathBuf, RuntimeError> {
+    let path = shared_hosts_path(&plan.topology);
+    std::fs::create_dir_all(ETC_NETNS).map_err(|e| RuntimeError::io(ETC_NETNS, e))?;
+    std::fs::write(&path, hosts_file(plan))
+        .map_err(|e| RuntimeError::io(path.display().to_string(), e))?;
+    Ok(path)
+}
+
+/// Makes `node_hosts` a hard link to `shared`, unless it already is one; a
+/// copy where the filesystem takes no hard link.
+fn link_hosts(shared: &Path, node_hosts: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let target = std::fs::metadata(shared)?;
+    match std::fs::symlink_metadata(node_hosts) {
+        Ok(m) if m.dev() == target.dev() && m.ino() == target.ino() => return Ok(()),
+        Ok(_) => std::fs::remove_file(node_hosts)?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    std::fs::hard_link(shared, node_hosts).or_else(|e| {
+        tracing::debug!(error = %e, "no hard link for /etc/hosts; copied");
+        std::fs::copy(shared, node_hosts).map(|_| ())
+    })
 }
 
 /// /etc/hosts for every node: node names resolve to overlay addresses, so
@@ -274,10 +310,10 @@ impl NetnsRuntime {
         }
         let host = connect_here()?;
         let bridges = ensure_segment_bridges(&host, topology, segments).await?;
-        let hosts = hosts_file(plan);
+        let hosts = write_shared_hosts(plan)?;
         let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
             .map(|node| {
-                let hosts = &hosts;
+                let hosts = hosts.as_path();
                 let bridges = &bridges;
                 async move {
                     let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
@@ -305,13 +341,21 @@ impl NetnsRuntime {
         Ok(created)
     }
 
-    /// Rewrites /etc/hosts of every running node of the plan.
+    /// Rewrites the topology's /etc/hosts, which every running node of the
+    /// plan shares (a node whose file is its own, made before nodes shared
+    /// one, is linked to it).
     pub fn write_hosts(&self, plan: &Plan) {
-        let hosts = hosts_file(plan);
+        let shared = match write_shared_hosts(plan) {
+            Ok(path) => path,
+            Err(e) => {
+                tracing::warn!(topology = %plan.topology, error = %e, "updating /etc/hosts failed");
+                return;
+            }
+        };
         for node in plan.nodes.iter() {
             let dir = PathBuf::from(ETC_NETNS).join(names::netns(&plan.topology, &node.name));
             if dir.is_dir()
-                && let Err(e) = std::fs::write(dir.join("hosts"), &hosts)
+                && let Err(e) = link_hosts(&shared, &dir.join("hosts"))
             {
                 tracing::warn!(node = %node.name, error = %e, "updating /etc/hosts failed");
             }
@@ -412,7 +456,11 @@ async fn sweep(
     if let Ok(dir) = std::fs::read_dir(ETC_NETNS) {
         for entry in dir.filter_map(|e| e.ok()) {
             if netns_matches(&entry.file_name().to_string_lossy()) {
-                let _ = std::fs::remove_dir_all(entry.path());
+                // The topology's shared hosts file is a file, the nodes' are directories.
+                let _ = match entry.file_type() {
+                    Ok(t) if t.is_dir() => std::fs::remove_dir_all(entry.path()),
+                    _ => std::fs::remove_file(entry.path()),
+                };
             }
         }
     }
@@ -424,4 +472,28 @@ async fn sweep(
         namespaces,
         links,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_node_links_the_one_hosts_file() {
+        let dir = std::env::temp_dir().join(format!("nm-hosts-{}", std::process::id()));
+        std::fs::create_dir_all(dir.join("a")).expect("dir");
+        let shared = dir.join("t.hosts");
+        std::fs::write(&shared, "198.18.0.1\ta\n").expect("shared");
+        let mine = dir.join("a/hosts");
+        std::fs::write(&mine, "an older file of its own\n").expect("own file");
+        link_hosts(&shared, &mine).expect("link");
+        link_hosts(&shared, &mine).expect("already linked");
+        // Rewritten in place, as `write_shared_hosts` does: every node sees it.
+        std::fs::write(&shared, "198.18.0.1\ta\n198.18.0.2\tb\n").expect("rewrite");
+        assert_eq!(
+            std::fs::read_to_string(&mine).expect("read"),
+            "198.18.0.1\ta\n198.18.0.2\tb\n"
+        );
+        std::fs::remove_dir_all(&dir).expect("clean up");
+    }
 }
