@@ -187,6 +187,18 @@ fn link_hosts(shared: &Path, node_hosts: &Path) -> std::io::Result<()> {
     })
 }
 
+/// Links every running node's /etc/hosts to the topology's `shared` one.
+fn link_every_node(plan: &Plan, shared: &Path) {
+    for node in plan.nodes.iter() {
+        let dir = PathBuf::from(ETC_NETNS).join(names::netns(&plan.topology, &node.name));
+        if dir.is_dir()
+            && let Err(e) = link_hosts(shared, &dir.join("hosts"))
+        {
+            tracing::warn!(node = %node.name, error = %e, "updating /etc/hosts failed");
+        }
+    }
+}
+
 /// /etc/hosts for every node: node names resolve to overlay addresses, so
 /// `curl http://c:8000/` works from a.
 pub fn hosts_file(plan: &Plan) -> String {
@@ -337,7 +349,9 @@ impl NetnsRuntime {
             .collect()
             .await;
         let created = results.into_iter().collect::<Result<BTreeMap<_, _>, _>>()?;
-        self.write_hosts(plan);
+        // The shared file already names every node of the plan; only nodes
+        // made before nodes shared one still hold a file of their own.
+        link_every_node(plan, &hosts);
         Ok(created)
     }
 
@@ -345,19 +359,10 @@ impl NetnsRuntime {
     /// plan shares (a node whose file is its own, made before nodes shared
     /// one, is linked to it).
     pub fn write_hosts(&self, plan: &Plan) {
-        let shared = match write_shared_hosts(plan) {
-            Ok(path) => path,
+        match write_shared_hosts(plan) {
+            Ok(shared) => link_every_node(plan, &shared),
             Err(e) => {
                 tracing::warn!(topology = %plan.topology, error = %e, "updating /etc/hosts failed");
-                return;
-            }
-        };
-        for node in plan.nodes.iter() {
-            let dir = PathBuf::from(ETC_NETNS).join(names::netns(&plan.topology, &node.name));
-            if dir.is_dir()
-                && let Err(e) = link_hosts(&shared, &dir.join("hosts"))
-            {
-                tracing::warn!(node = %node.name, error = %e, "updating /etc/hosts failed");
             }
         }
     }
