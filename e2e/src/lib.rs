@@ -349,12 +349,13 @@ pub fn our_interfaces() -> Vec<String> {
         .collect()
 }
 
-/// Namespaces of one topology.
+/// Namespaces of one topology's nodes (its underlay's is in [`interfaces_of`]).
 pub fn namespaces_of(topology: &str) -> Vec<String> {
     let prefix = nextmini_operator::runtime::names::netns_prefix(topology);
     our_namespaces()
         .into_iter()
         .filter(|n| n.starts_with(&prefix))
+        .filter(|n| !nextmini_operator::runtime::names::is_underlay_netns(n))
         .collect()
 }
 
@@ -372,8 +373,23 @@ pub fn etc_netns_of(topology: &str) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Host interfaces of one topology (its bridge and veth ends).
+/// Where one topology's bridges and veth ends are outside its nodes: the host
+/// interfaces of its name, and its underlay namespace, which holds them.
 pub fn interfaces_of(topology: &str) -> Vec<String> {
+    let prefix = nextmini_operator::runtime::names::link_prefix(topology);
+    let mut found: Vec<String> = our_interfaces()
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    let underlay = nextmini_operator::runtime::names::underlay_netns(topology);
+    if Path::new("/run/netns").join(&underlay).exists() {
+        found.push(format!("namespace {underlay}"));
+    }
+    found
+}
+
+/// Host interfaces of one topology: none, as its underlay has a namespace.
+pub fn host_interfaces_of(topology: &str) -> Vec<String> {
     let prefix = nextmini_operator::runtime::names::link_prefix(topology);
     our_interfaces()
         .into_iter()

@@ -6,7 +6,8 @@
 //! When the ring is gone, the hub has given its memory back.
 
 use nextmini_e2e::load::rss_bytes;
-use nextmini_e2e::{Env, etc_netns_of, interfaces_of, namespaces_of};
+use nextmini_e2e::{Env, etc_netns_of, host_interfaces_of, interfaces_of, namespaces_of};
+use nextmini_operator::runtime::names;
 use std::time::{Duration, Instant};
 
 const NODES: u32 = 1100;
@@ -85,10 +86,68 @@ fn a_1100_node_ring_forwards_end_to_end() {
         status.lines().take(5).collect::<Vec<_>>().join("\n")
     );
 
+    // The bridges and veth ends are in the topology's underlay namespace, not
+    // the host's, and every one of them has IPv6 off (the namespace's default,
+    // so no write per interface; left on, each would multicast to every node).
+    assert_eq!(
+        host_interfaces_of(&topology),
+        Vec::<String>::new(),
+        "the ring's interfaces are in the host's namespace"
+    );
+    let underlay = names::underlay_netns(&topology);
+    for iface in [
+        names::bridge(&topology),
+        names::segment_bridge(&topology, 1),
+        names::veth_host(&topology, 0),
+        names::veth_host(&topology, NODES - 1),
+    ] {
+        let off = std::process::Command::new("ip")
+            .args(["netns", "exec", &underlay, "cat"])
+            .arg(format!("/proc/sys/net/ipv6/conf/{iface}/disable_ipv6"))
+            .output()
+            .expect("ip netns exec");
+        assert_eq!(
+            String::from_utf8_lossy(&off.stdout).trim(),
+            "1",
+            "{iface} in {underlay}: IPv6 not off ({})",
+            String::from_utf8_lossy(&off.stderr).trim()
+        );
+    }
+
+    // Each node knows its link peers' MAC addresses from the start: n0's
+    // neighbour table holds exactly its two peers, as permanent entries with
+    // the MAC that names their address, and nothing that ARP resolved (each
+    // request would have been copied to all 1,100 nodes).
+    let neighbours = std::process::Command::new("ip")
+        .args([
+            "-n",
+            &names::netns(&topology, "n0"),
+            "-4",
+            "neigh",
+            "show",
+            "dev",
+        ])
+        .arg(names::UNDERLAY_IFACE)
+        .output()
+        .expect("ip neigh");
+    let neighbours = String::from_utf8_lossy(&neighbours.stdout).into_owned();
+    let entries: Vec<&str> = neighbours.lines().collect();
+    assert_eq!(entries.len(), 2, "n0's neighbours:\n{neighbours}");
+    for entry in entries {
+        let fields: Vec<&str> = entry.split_whitespace().collect();
+        let addr: std::net::Ipv4Addr = fields[0].parse().expect("neighbour address");
+        let [a, b, c, d] = addr.octets();
+        assert!(
+            entry.trim_end().ends_with("PERMANENT")
+                && entry.contains(&format!("lladdr 02:6e:{a:02x}:{b:02x}:{c:02x}:{d:02x} ")),
+            "n0's neighbour entry {entry:?} is not the permanent one for its address"
+        );
+    }
+
     // Every node's /etc/hosts is one file (a hard link each), not N copies of
     // N lines; names below resolve through it.
     let hosts = std::path::Path::new("/etc/netns")
-        .join(nextmini_operator::runtime::names::netns(&topology, "n0"))
+        .join(names::netns(&topology, "n0"))
         .join("hosts");
     let links =
         std::os::unix::fs::MetadataExt::nlink(&std::fs::metadata(&hosts).expect("n0's hosts"));

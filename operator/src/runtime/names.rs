@@ -21,6 +21,21 @@ pub fn netns(topology: &str, node: &str) -> String {
     format!("{}{node}", netns_prefix(topology))
 }
 
+/// The namespace of a topology's underlay: its bridges and the outer ends of
+/// its nodes' veths. Inside the topology's prefix, so whatever removes the
+/// topology's namespaces removes it; no node can have its name (a node name is
+/// a DNS label, which cannot start with '-').
+pub fn underlay_netns(topology: &str) -> String {
+    format!("{}{UNDERLAY_SUFFIX}", netns_prefix(topology))
+}
+
+const UNDERLAY_SUFFIX: &str = "-underlay";
+
+/// Whether a namespace is a topology's underlay rather than a node's.
+pub fn is_underlay_netns(name: &str) -> bool {
+    is_ours_netns(name) && name[9..] == *UNDERLAY_SUFFIX
+}
+
 /// Prefix of every host-side interface of the topology.
 pub fn link_prefix(topology: &str) -> String {
     format!("nm{}", topology_tag(topology))
@@ -142,6 +157,18 @@ mod tests {
         assert!(!netns("line3", "a").starts_with(&netns_prefix("line")));
         assert_eq!(topology_tag("line3"), topology_tag("line3"));
         assert_ne!(topology_tag("line3"), topology_tag("line4"));
+    }
+
+    #[test]
+    fn the_underlay_is_the_topologys_and_no_nodes() {
+        let underlay = underlay_netns("line3");
+        assert!(underlay.starts_with(&netns_prefix("line3")));
+        assert!(is_ours_netns(&underlay));
+        assert!(is_underlay_netns(&underlay));
+        assert!(crate::plan::dns_label_problem(&underlay[netns_prefix("line3").len()..]).is_some());
+        for node in ["a", "underlay", "n-underlay"] {
+            assert!(!is_underlay_netns(&netns("line3", node)), "{node}");
+        }
     }
 
     #[test]

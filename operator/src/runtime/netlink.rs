@@ -42,9 +42,22 @@ pub async fn connect_in(ns: &str) -> Result<Handle, RuntimeError> {
     Ok(handle)
 }
 
+/// Whether a new namespace lets processes without CAP_NET_RAW ping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PingSockets {
+    /// Packed workers' nodes: their pod drops CAP_NET_RAW.
+    Allowed,
+    /// Namespace mode's nodes and underlays: whoever enters them is root. Each
+    /// sysctl written costs a lookup that grows with the number of namespaces
+    /// (the kernel keeps every namespace's `/proc/sys/net/ipv4` entry in one
+    /// hash chain); at 7,000 namespaces those lookups were a fifth of the
+    /// machine's CPU while nodes were made.
+    Unchanged,
+}
+
 /// Creates `/run/netns/<name>` the way iproute2 does, so `ip netns exec` works
 /// on it: a thread unshares a new network namespace and bind-mounts it there.
-pub fn create_netns(name: &str) -> Result<(), RuntimeError> {
+pub fn create_netns(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
     use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(NETNS_DIR).map_err(|e| RuntimeError::io(NETNS_DIR, e))?;
     make_netns_dir_shared()?;
@@ -59,8 +72,10 @@ pub fn create_netns(name: &str) -> Result<(), RuntimeError> {
     let made = std::thread::spawn(move || -> nix::Result<()> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
         // /proc/sys/net is the calling thread's namespace: this one's now.
-        disable_ipv6("default");
-        allow_ping_sockets();
+        disable_ipv6_by_default();
+        if ping == PingSockets::Allowed {
+            allow_ping_sockets();
+        }
         mount(
             Some("/proc/thread-self/ns/net"),
             &target,
@@ -81,8 +96,8 @@ pub fn create_netns(name: &str) -> Result<(), RuntimeError> {
     Ok(())
 }
 
-/// Turns IPv6 off for an interface (or, for `default`, for every interface
-/// created in or moved into the calling thread's namespace from now on).
+/// Turns IPv6 off for every interface created in or moved into the calling
+/// thread's namespace from now on.
 ///
 /// The emulated network is IPv4. Left on, every veth, bridge port and TUN device
 /// that comes up sends router solicitations, MLD reports and DAD probes as
@@ -91,9 +106,16 @@ pub fn create_netns(name: &str) -> Result<(), RuntimeError> {
 /// (17% of the machine's CPU while 500 nodes started, in softirq). Loopback
 /// keeps ::1, as it exists before the namespace's default changes. A kernel
 /// without IPv6 has no such file, which is fine.
-pub fn disable_ipv6(interface: &str) {
-    let path = format!("/proc/sys/net/ipv6/conf/{interface}/disable_ipv6");
-    if let Err(e) = std::fs::write(&path, "1")
+///
+/// Only ever the namespace's default: writing one interface's `disable_ipv6`
+/// needs the kernel's RTNL lock, which the kernel only tries to take and, while
+/// any other node's set-up or agent holds it, restarts the write from user
+/// space again and again. With the bridge ports in the host's namespace, a
+/// write per port was 53% of `up`'s CPU at 3,000 nodes (perf); so the ports
+/// live in the topology's underlay namespace instead, whose default is off.
+fn disable_ipv6_by_default() {
+    let path = "/proc/sys/net/ipv6/conf/default/disable_ipv6";
+    if let Err(e) = std::fs::write(path, "1")
         && e.kind() != std::io::ErrorKind::NotFound
     {
         tracing::debug!(%path, error = %e, "cannot turn IPv6 off");
@@ -193,7 +215,9 @@ pub async fn require_index(handle: &Handle, name: &str) -> Result<u32, RuntimeEr
 
 /// Creates the topology's bridge (up, no address: the underlay never touches the
 /// host's routing) unless it exists. Bridged frames skip iptables, so a host
-/// firewall with a DROP forward policy cannot cut the emulated links.
+/// firewall with a DROP forward policy cannot cut the emulated links. Made in
+/// the topology's underlay namespace, whose IPv6 default is off (see
+/// `create_netns`), as it is for every interface below.
 pub async fn ensure_bridge(handle: &Handle, name: &str) -> Result<u32, RuntimeError> {
     if let Some(index) = link_index(handle, name).await? {
         return Ok(index);
@@ -209,7 +233,6 @@ pub async fn ensure_bridge(handle: &Handle, name: &str) -> Result<u32, RuntimeEr
         )
         .execute()
         .await?;
-    disable_ipv6(name);
     let index = require_index(handle, name).await?;
     handle
         .link()
@@ -235,9 +258,6 @@ pub async fn ensure_bridge_chain(
         .add(LinkVeth::new(a_name, b_name).controller(a_bridge).build())
         .execute()
         .await?;
-    for name in [a_name, b_name] {
-        disable_ipv6(name);
-    }
     host.link()
         .set(
             LinkUnspec::new_with_name(b_name)
@@ -254,8 +274,9 @@ pub async fn ensure_bridge_chain(
     Ok(())
 }
 
-/// Creates a veth pair whose host end joins the bridge and whose other end is
-/// made directly inside the namespace, already named `inside_name`.
+/// Creates a veth pair whose outer end joins the bridge (in the namespace of
+/// `host`, the topology's underlay) and whose other end is made directly inside
+/// the node's namespace, already named `inside_name`.
 ///
 /// Made in place rather than made here and moved: moving an interface between
 /// namespaces unregisters and registers it again and waits for RCU grace
@@ -266,6 +287,7 @@ pub async fn plug_veth(
     host: &Handle,
     host_name: &str,
     inside_name: &str,
+    inside_mac: [u8; 6],
     bridge_index: u32,
     ns: &str,
 ) -> Result<(), RuntimeError> {
@@ -277,6 +299,7 @@ pub async fn plug_veth(
     // configure_inside brings it up.
     let inside = LinkUnspec::new_with_name(inside_name)
         .setns_by_fd(ns_file.as_raw_fd())
+        .address(inside_mac.to_vec())
         .build();
     host.link()
         .add(
@@ -287,8 +310,6 @@ pub async fn plug_veth(
         )
         .execute()
         .await?;
-    // Before it comes up.
-    disable_ipv6(host_name);
     host.link()
         .set(LinkUnspec::new_with_name(host_name).up().build())
         .execute()
@@ -296,19 +317,42 @@ pub async fn plug_veth(
     Ok(())
 }
 
-/// Inside the namespace: gives the veth end its underlay address and brings
-/// it and loopback up.
+/// The MAC address of the node whose underlay address is `addr`: locally
+/// administered, and the address itself in the last four bytes, so that any
+/// node knows any other's without asking.
+pub fn underlay_mac(addr: Ipv4Addr) -> [u8; 6] {
+    let [a, b, c, d] = addr.octets();
+    [0x02, 0x6e, a, b, c, d]
+}
+
+/// Inside the namespace: gives the veth end its underlay address, the link
+/// peers' addresses permanent neighbour entries, and brings it and loopback up.
+///
+/// The entries spare the underlay ARP: a request is a broadcast, which the
+/// topology's bridges copy to every node, where the kernel looks up a route
+/// for each copy; at 10,000 nodes that is 10,000 copies per request, and
+/// every node asks for each peer (and again while a peer is not up yet). A
+/// peer without an entry (a link added later) is still found by ARP.
 pub async fn configure_inside(
     ns: &Handle,
     iface: &str,
     addr: Ipv4Addr,
     prefix_len: u8,
+    peers: &[Ipv4Addr],
 ) -> Result<(), RuntimeError> {
     let index = require_index(ns, iface).await?;
     ns.address()
         .add(index, IpAddr::V4(addr), prefix_len)
         .execute()
         .await?;
+    for peer in peers {
+        ns.neighbours()
+            .add(index, IpAddr::V4(*peer))
+            .link_layer_address(&underlay_mac(*peer))
+            .replace()
+            .execute()
+            .await?;
+    }
     ns.link()
         .set(LinkUnspec::new_with_index(index).up().build())
         .execute()
@@ -318,6 +362,22 @@ pub async fn configure_inside(
         .execute()
         .await?;
     Ok(())
+}
+
+/// How many interfaces of the handle's namespace have a name that `matches`.
+pub async fn count_links(
+    handle: &Handle,
+    matches: &dyn Fn(&str) -> bool,
+) -> Result<usize, RuntimeError> {
+    let mut stream = handle.link().get().execute();
+    let mut count = 0;
+    while let Some(msg) = stream.try_next().await? {
+        let named = msg.attributes.iter().any(
+            |a| matches!(a, rtnetlink::packet_route::link::LinkAttribute::IfName(n) if matches(n)),
+        );
+        count += usize::from(named);
+    }
+    Ok(count)
 }
 
 /// Deletes every host interface whose name `matches`.

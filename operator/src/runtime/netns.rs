@@ -1,5 +1,8 @@
 //! The local runtime: every virtual node in its own network namespace, joined to
-//! the topology's bridge by a veth, with one agent process per node.
+//! the topology's bridge by a veth, with one agent process per node. The bridges
+//! and the veths' outer ends live in the topology's own underlay namespace, not
+//! the host's: the host keeps its interface list and routing to itself, and
+//! every interface there starts with IPv6 off without a write per interface.
 
 use super::netlink::{self, connect_here};
 use super::process::{self, AgentLaunch};
@@ -7,7 +10,7 @@ use super::{Progress, Removed, Runtime, RuntimeError, cgroup, names};
 use crate::pki::{Credentials, NodeCredential, files};
 use crate::plan::{Plan, PlannedNode};
 use futures::StreamExt;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -17,6 +20,14 @@ use std::time::Duration;
 const PARALLEL_NODES: usize = 8;
 /// Where iproute2's `ip netns exec` finds per-namespace files such as `hosts`.
 const ETC_NETNS: &str = "/etc/netns";
+
+/// Where a node's veth goes: the handle of the topology's underlay namespace,
+/// the bridge of the node's segment there, and the link peers it knows.
+struct Attachment<'a> {
+    underlay: &'a rtnetlink::Handle,
+    bridge_index: u32,
+    peers: &'a [std::net::Ipv4Addr],
+}
 
 pub struct NetnsRuntime {
     /// Private state: credentials and agent logs live below it.
@@ -61,22 +72,24 @@ impl NetnsRuntime {
         &self,
         plan: &Plan,
         node: &PlannedNode,
-        bridge_index: u32,
+        attachment: Attachment<'_>,
         hosts: &Path,
         credential: &NodeCredential,
     ) -> Result<u32, RuntimeError> {
         let topology = &plan.topology;
         let ns = names::netns(topology, &node.name);
         let ns_for_thread = ns.clone();
-        tokio::task::spawn_blocking(move || netlink::create_netns(&ns_for_thread))
-            .await
-            .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
-        let host = connect_here()?;
+        tokio::task::spawn_blocking(move || {
+            netlink::create_netns(&ns_for_thread, netlink::PingSockets::Unchanged)
+        })
+        .await
+        .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
         netlink::plug_veth(
-            &host,
+            attachment.underlay,
             &names::veth_host(topology, node.index),
             names::UNDERLAY_IFACE,
-            bridge_index,
+            netlink::underlay_mac(node.underlay),
+            attachment.bridge_index,
             &ns,
         )
         .await?;
@@ -86,6 +99,7 @@ impl NetnsRuntime {
             names::UNDERLAY_IFACE,
             node.underlay,
             plan.underlay.prefix_len(),
+            attachment.peers,
         )
         .await?;
 
@@ -320,20 +334,33 @@ impl NetnsRuntime {
         for raised in super::neigh::make_room(2 * plan.links.len() as u64)? {
             tracing::warn!(%topology, "{raised}");
         }
-        let host = connect_here()?;
-        let bridges = ensure_segment_bridges(&host, topology, segments).await?;
+        let underlay = open_underlay(topology).await?;
+        let bridges = ensure_segment_bridges(&underlay, topology, segments).await?;
         let hosts = write_shared_hosts(plan)?;
+        let peers = link_peers(plan);
         let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
             .map(|node| {
                 let hosts = hosts.as_path();
                 let bridges = &bridges;
+                let underlay = &underlay;
+                let peers = peers.get(node.name.as_str()).map_or(&[][..], Vec::as_slice);
                 async move {
                     let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
                         RuntimeError::Conflict(format!("no credential for node {}", node.name))
                     })?;
                     let bridge_index = bridges[names::segment_of(node.index) as usize];
                     let pid = self
-                        .create_node(plan, node, bridge_index, hosts, credential)
+                        .create_node(
+                            plan,
+                            node,
+                            Attachment {
+                                underlay,
+                                bridge_index,
+                                peers,
+                            },
+                            hosts,
+                            credential,
+                        )
                         .await
                         .map_err(|e| match e {
                             RuntimeError::Netlink(m) => {
@@ -404,19 +431,70 @@ impl NetnsRuntime {
     }
 }
 
+/// Each node's link peers' underlay addresses, which its namespace gets
+/// neighbour entries for.
+fn link_peers(plan: &Plan) -> HashMap<&str, Vec<std::net::Ipv4Addr>> {
+    let underlay: HashMap<&str, std::net::Ipv4Addr> = plan
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.underlay))
+        .collect();
+    let mut peers: HashMap<&str, Vec<std::net::Ipv4Addr>> = HashMap::new();
+    for link in &plan.links {
+        let (a, b) = (link.dialer.as_str(), link.acceptor.as_str());
+        if let (Some(a_addr), Some(b_addr)) = (underlay.get(a), underlay.get(b)) {
+            peers.entry(a).or_default().push(*b_addr);
+            peers.entry(b).or_default().push(*a_addr);
+        }
+    }
+    for addrs in peers.values_mut() {
+        addrs.sort_unstable();
+        addrs.dedup();
+    }
+    peers
+}
+
+/// A netlink handle in the topology's underlay namespace, which is made if
+/// missing. A topology whose bridge is in the host's namespace was started by a
+/// release before the underlay had a namespace of its own; its new nodes could
+/// not reach the old, so it is refused before anything is made.
+async fn open_underlay(topology: &str) -> Result<rtnetlink::Handle, RuntimeError> {
+    let host = connect_here()?;
+    if netlink::link_index(&host, &names::bridge(topology))
+        .await?
+        .is_some()
+    {
+        return Err(RuntimeError::Conflict(format!(
+            "topology {topology} was started by an earlier release (its bridge {} is in the host's namespace); run `nextmini down {topology}` and `up` again before adding nodes",
+            names::bridge(topology)
+        )));
+    }
+    let underlay = names::underlay_netns(topology);
+    if !netlink::netns_path(&underlay).exists() {
+        let made = underlay.clone();
+        tokio::task::spawn_blocking(move || {
+            netlink::create_netns(&made, netlink::PingSockets::Unchanged)
+        })
+        .await
+        .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+    }
+    netlink::connect_in(&underlay).await
+}
+
 /// The topology's bridges, one per segment of `NODES_PER_BRIDGE` nodes, each
 /// chained to the first; returns their interface indexes by segment.
 async fn ensure_segment_bridges(
-    host: &rtnetlink::Handle,
+    underlay: &rtnetlink::Handle,
     topology: &str,
     segments: u32,
 ) -> Result<Vec<u32>, RuntimeError> {
-    let root = netlink::ensure_bridge(host, &names::bridge(topology)).await?;
+    let root = netlink::ensure_bridge(underlay, &names::bridge(topology)).await?;
     let mut bridges = vec![root];
     for segment in 1..segments {
-        let index = netlink::ensure_bridge(host, &names::segment_bridge(topology, segment)).await?;
+        let index =
+            netlink::ensure_bridge(underlay, &names::segment_bridge(topology, segment)).await?;
         let (up, down) = names::segment_uplink(topology, segment);
-        netlink::ensure_bridge_chain(host, &up, index, &down, root).await?;
+        netlink::ensure_bridge_chain(underlay, &up, index, &down, root).await?;
         bridges.push(index);
     }
     Ok(bridges)
@@ -453,8 +531,17 @@ async fn sweep(
     .await
     .map_err(|e| RuntimeError::Netlink(e.to_string()))?;
     let mut namespaces = 0;
+    let mut underlay_links = 0;
     for ns in netlink::list_netns("") {
-        if netns_matches(&ns) && netlink::delete_netns(&ns)? {
+        if !netns_matches(&ns) {
+            continue;
+        }
+        // The underlay is counted by the interfaces it held, not as a node.
+        let underlay = names::is_underlay_netns(&ns);
+        if underlay {
+            underlay_links += underlay_interfaces(&ns).await;
+        }
+        if netlink::delete_netns(&ns)? && !underlay {
             namespaces += 1;
         }
     }
@@ -469,8 +556,9 @@ async fn sweep(
             }
         }
     }
+    // Host interfaces of topologies started before the underlay had a namespace.
     let host = connect_here()?;
-    let links = netlink::delete_links(&host, &link_matches).await?;
+    let links = underlay_links + netlink::delete_links(&host, &link_matches).await?;
     cgroup::remove_matching(&netns_matches);
     Ok(Removed {
         processes,
@@ -479,9 +567,42 @@ async fn sweep(
     })
 }
 
+/// The topology's bridges and veth ends in its underlay namespace (loopback
+/// aside), which go with it.
+async fn underlay_interfaces(ns: &str) -> usize {
+    match netlink::connect_in(ns).await {
+        Ok(handle) => netlink::count_links(&handle, &names::is_ours_link)
+            .await
+            .unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn each_node_knows_exactly_its_link_peers() {
+        let plan = crate::plan::fixtures::line3();
+        let underlay = |name: &str| {
+            plan.nodes
+                .iter()
+                .find(|n| n.name == name)
+                .expect("node")
+                .underlay
+        };
+        let peers = link_peers(&plan);
+        let mut middle = vec![underlay("a"), underlay("c")];
+        middle.sort_unstable();
+        assert_eq!(peers["b"], middle);
+        assert_eq!(peers["a"], vec![underlay("b")]);
+        assert_eq!(peers["c"], vec![underlay("b")]);
+        assert_eq!(
+            netlink::underlay_mac("198.18.1.2".parse().expect("address")),
+            [0x02, 0x6e, 198, 18, 1, 2]
+        );
+    }
 
     #[test]
     fn every_node_links_the_one_hosts_file() {

@@ -213,9 +213,11 @@ async fn make_node(
 ) -> Result<(), RuntimeError> {
     let ns = config.netns(&node.name);
     let for_thread = ns.clone();
-    tokio::task::spawn_blocking(move || netlink::create_netns(&for_thread))
-        .await
-        .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+    tokio::task::spawn_blocking(move || {
+        netlink::create_netns(&for_thread, netlink::PingSockets::Allowed)
+    })
+    .await
+    .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
     let inside = netlink::connect_in(&ns).await?;
     let lo = netlink::require_index(&inside, "lo").await?;
     inside
