@@ -4,12 +4,7 @@
 # Usage: sudo bench/hub_memory_cycle.sh [nodes]   (GLIBC_TUNABLES is passed to the hub)
 set -euo pipefail
 nodes=${1:-1000}
-bin=${NEXTMINI_BIN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/target/release}/nextmini
-work=$(mktemp -d /tmp/nextmini-hubmem.XXXXXX)
-chmod 755 "$work"   # the private PostgreSQL runs as another user
-export NEXTMINI_STATE_DIR=$work/state
-cleanup() { "$bin" down >/dev/null 2>&1 || true; rm -rf "$work"; }
-trap cleanup EXIT
+source "$(dirname "$0")/private_state.sh" hubmem
 printf 'apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: hubline}\nspec:\n  generator: {line: {nodes: 2}}\n' > "$work/line2.yaml"
 printf 'apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: hubring}\nspec:\n  generator: {ring: {nodes: %d}}\n' "$nodes" > "$work/ring.yaml"
 "$bin" up -f "$work/line2.yaml" > "$work/up-line.log" 2>&1

@@ -7,16 +7,7 @@
 # Usage: sudo bench/namespace_ring.sh [nodes]   (default 10000; about 10 min)
 set -euo pipefail
 nodes=${1:-10000}
-bin=${NEXTMINI_BIN_DIR:-$(cd "$(dirname "$0")/.." && pwd)/target/release}/nextmini
-work=$(mktemp -d /tmp/nextmini-ring.XXXXXX)
-chmod 755 "$work"   # the private PostgreSQL runs as another user
-export NEXTMINI_STATE_DIR=$work/state
-cleanup() {
-    pkill -f "http.server 8000 --directory $work" 2>/dev/null || true
-    "$bin" down >/dev/null 2>&1 || true
-    rm -rf "$work"
-}
-trap cleanup EXIT
+source "$(dirname "$0")/private_state.sh" ring
 printf 'apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: bigring}\nspec:\n  generator: {ring: {nodes: %d}}\n' "$nodes" > "$work/ring.yaml"
 avail() { awk '/^MemAvailable/{print $2}' /proc/meminfo; }
 now() { date +%s.%N; }
