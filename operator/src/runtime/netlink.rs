@@ -110,9 +110,9 @@ pub fn create_netns(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
 /// Only ever the namespace's default: writing one interface's `disable_ipv6`
 /// needs the kernel's RTNL lock, which the kernel only tries to take and, while
 /// any other node's set-up or agent holds it, restarts the write from user
-/// space again and again. With the bridge ports in the host's namespace, a
-/// write per port was 53% of `up`'s CPU at 3,000 nodes (perf); so the ports
-/// live in the topology's underlay namespace instead, whose default is off.
+/// space again and again. With the bridge ports in the host's namespace, these
+/// writes were 53% of `up`'s samples at 3,000 nodes (perf); so the ports live
+/// in the topology's underlay namespace instead, whose default is off.
 fn disable_ipv6_by_default() {
     let path = "/proc/sys/net/ipv6/conf/default/disable_ipv6";
     if let Err(e) = std::fs::write(path, "1")

@@ -457,7 +457,7 @@ fn link_peers(plan: &Plan) -> HashMap<&str, Vec<std::net::Ipv4Addr>> {
 /// A netlink handle in the topology's underlay namespace, which is made if
 /// missing. A topology whose bridge is in the host's namespace was started by a
 /// release before the underlay had a namespace of its own; its new nodes could
-/// not reach the old, so it is refused before anything is made.
+/// not reach the old, so it is refused before any node is made.
 async fn open_underlay(topology: &str) -> Result<rtnetlink::Handle, RuntimeError> {
     let host = connect_here()?;
     if netlink::link_index(&host, &names::bridge(topology))
