@@ -363,24 +363,16 @@ pub fn namespaces_of(topology: &str) -> Vec<String> {
 /// shared hosts file).
 pub fn etc_netns_of(topology: &str) -> Vec<String> {
     let prefix = nextmini_operator::runtime::names::netns_prefix(topology);
-    std::fs::read_dir("/etc/netns")
-        .map(|dir| {
-            dir.filter_map(|e| e.ok())
-                .map(|e| e.file_name().to_string_lossy().into_owned())
-                .filter(|n| n.starts_with(&prefix))
-                .collect()
-        })
-        .unwrap_or_default()
+    list_dir("/etc/netns")
+        .into_iter()
+        .filter(|n| n.starts_with(&prefix))
+        .collect()
 }
 
 /// Where one topology's bridges and veth ends are outside its nodes: the host
 /// interfaces of its name, and its underlay namespace, which holds them.
 pub fn interfaces_of(topology: &str) -> Vec<String> {
-    let prefix = nextmini_operator::runtime::names::link_prefix(topology);
-    let mut found: Vec<String> = our_interfaces()
-        .into_iter()
-        .filter(|n| n.starts_with(&prefix))
-        .collect();
+    let mut found = host_interfaces_of(topology);
     let underlay = nextmini_operator::runtime::names::underlay_netns(topology);
     if Path::new("/run/netns").join(&underlay).exists() {
         found.push(format!("namespace {underlay}"));

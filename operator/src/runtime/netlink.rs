@@ -57,7 +57,14 @@ pub enum PingSockets {
 
 /// Creates `/run/netns/<name>` the way iproute2 does, so `ip netns exec` works
 /// on it: a thread unshares a new network namespace and bind-mounts it there.
-pub fn create_netns(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
+pub async fn create_netns(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
+    let name = name.to_string();
+    tokio::task::spawn_blocking(move || create_netns_blocking(&name, ping))
+        .await
+        .map_err(|e| RuntimeError::Netlink(e.to_string()))?
+}
+
+fn create_netns_blocking(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
     use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(NETNS_DIR).map_err(|e| RuntimeError::io(NETNS_DIR, e))?;
     make_netns_dir_shared()?;

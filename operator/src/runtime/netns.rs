@@ -78,12 +78,7 @@ impl NetnsRuntime {
     ) -> Result<u32, RuntimeError> {
         let topology = &plan.topology;
         let ns = names::netns(topology, &node.name);
-        let ns_for_thread = ns.clone();
-        tokio::task::spawn_blocking(move || {
-            netlink::create_netns(&ns_for_thread, netlink::PingSockets::Unchanged)
-        })
-        .await
-        .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+        netlink::create_netns(&ns, netlink::PingSockets::Unchanged).await?;
         netlink::plug_veth(
             attachment.underlay,
             &names::veth_host(topology, node.index),
@@ -471,12 +466,7 @@ async fn open_underlay(topology: &str) -> Result<rtnetlink::Handle, RuntimeError
     }
     let underlay = names::underlay_netns(topology);
     if !netlink::netns_path(&underlay).exists() {
-        let made = underlay.clone();
-        tokio::task::spawn_blocking(move || {
-            netlink::create_netns(&made, netlink::PingSockets::Unchanged)
-        })
-        .await
-        .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+        netlink::create_netns(&underlay, netlink::PingSockets::Unchanged).await?;
     }
     netlink::connect_in(&underlay).await
 }

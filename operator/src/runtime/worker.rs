@@ -212,12 +212,7 @@ async fn make_node(
     cgroups: bool,
 ) -> Result<(), RuntimeError> {
     let ns = config.netns(&node.name);
-    let for_thread = ns.clone();
-    tokio::task::spawn_blocking(move || {
-        netlink::create_netns(&for_thread, netlink::PingSockets::Allowed)
-    })
-    .await
-    .map_err(|e| RuntimeError::Netlink(e.to_string()))??;
+    netlink::create_netns(&ns, netlink::PingSockets::Allowed).await?;
     let inside = netlink::connect_in(&ns).await?;
     let lo = netlink::require_index(&inside, "lo").await?;
     inside
