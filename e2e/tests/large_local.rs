@@ -144,6 +144,59 @@ fn a_1100_node_ring_forwards_end_to_end() {
         );
     }
 
+    // No node interface has an IPv6 address (set per interface over netlink,
+    // not by a sysctl per namespace): loopback's ::1 is the only one, so
+    // nothing multicasts router solicitations or MLD reports to every node.
+    let n0 = names::netns(&topology, "n0");
+    let v6 = ip_output(&["-n", &n0, "-6", "-o", "addr", "show"]);
+    let v6_interfaces: Vec<&str> = v6
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(1))
+        .collect();
+    assert_eq!(v6_interfaces, vec!["lo"], "n0's IPv6 addresses:\n{v6}");
+
+    // Unknown unicast reaches the chain between bridges, not every node: each
+    // node's port knows its node's address (a static entry) and floods
+    // nothing; the ports between bridges flood. A SYN to a node not made yet
+    // would otherwise be copied to all 1,100.
+    let fdb = ip_output(&[
+        "netns",
+        "exec",
+        &underlay,
+        "bridge",
+        "fdb",
+        "show",
+        "dev",
+        &names::veth_host(&topology, 0),
+    ]);
+    assert!(
+        fdb.lines()
+            .any(|l| l.starts_with("02:6e:") && l.trim_end().ends_with(" static")),
+        "n0's port has no static entry for n0's address:\n{fdb}"
+    );
+    let ports = ip_output(&["netns", "exec", &underlay, "bridge", "-d", "link", "show"]);
+    let (uplink, _) = names::segment_uplink(&topology, 1);
+    for port in [
+        names::veth_host(&topology, 0),
+        names::veth_host(&topology, NODES - 1),
+        uplink.clone(),
+    ] {
+        let line = ports
+            .split("\n")
+            .collect::<Vec<_>>()
+            .windows(2)
+            .find(|w| w[0].contains(&format!(" {port}@")))
+            .map(|w| format!("{} {}", w[0], w[1]))
+            .unwrap_or_default();
+        let floods = line.contains(" flood on");
+        assert_eq!(
+            floods,
+            port == uplink,
+            "{port}: unknown unicast flooding is {} ({line:?})",
+            if floods { "on" } else { "off" }
+        );
+    }
+
     // Every node's /etc/hosts is one file (a hard link each), not N copies of
     // N lines; names below resolve through it.
     let hosts = std::path::Path::new("/etc/netns")
@@ -216,4 +269,19 @@ fn a_1100_node_ring_forwards_end_to_end() {
         mib(hub_before)
     );
     env.ok(&["down", "beside"]);
+}
+
+/// Output of `ip <args>`, which must succeed.
+fn ip_output(args: &[&str]) -> String {
+    let out = std::process::Command::new("ip")
+        .args(args)
+        .output()
+        .expect("ip");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }

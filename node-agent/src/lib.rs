@@ -41,3 +41,4 @@ pub mod socks;
 pub mod timer;
 pub mod ttl;
 pub mod tun_io;
+mod tun_ipv6;

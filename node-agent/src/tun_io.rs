@@ -41,12 +41,15 @@ pub fn create(
     offload: bool,
 ) -> std::io::Result<Tun> {
     let build = |offload: bool| {
-        DeviceBuilder::new()
+        let device = DeviceBuilder::new()
             .name(name)
             .ipv4(addr, prefix_len, None)
             .mtu(mtu)
             .offload(offload)
-            .build_async()
+            .enable(false)
+            .build_async()?;
+        up_without_ipv6(name, device.if_index(), || device.enabled(true))?;
+        Ok::<_, std::io::Error>(device)
     };
     if offload {
         match build(true) {
@@ -84,12 +87,15 @@ pub async fn create_on(
     let (device, offload) = side
         .run(move || {
             let build = |offload: bool| {
-                DeviceBuilder::new()
+                let device = DeviceBuilder::new()
                     .name(&name)
                     .ipv4(addr, prefix_len, None)
                     .mtu(mtu)
                     .offload(offload)
-                    .build_sync()
+                    .enable(false)
+                    .build_sync()?;
+                up_without_ipv6(&name, device.if_index(), || device.enabled(true))?;
+                Ok::<_, std::io::Error>(device)
             };
             if offload {
                 match build(true) {
@@ -107,6 +113,20 @@ pub async fn create_on(
         device: Arc::new(AsyncDevice::new(device)?),
         offload,
     })
+}
+
+/// Brings the device up, told first to take no IPv6 address (see
+/// [`crate::tun_ipv6`]). A kernel that refuses (no IPv6 at all) leaves nothing
+/// to keep quiet.
+fn up_without_ipv6(
+    name: &str,
+    index: std::io::Result<u32>,
+    up: impl FnOnce() -> std::io::Result<()>,
+) -> std::io::Result<()> {
+    if let Err(e) = index.and_then(crate::tun_ipv6::no_addresses) {
+        tracing::debug!(error = %e, tun = name, "TUN device keeps IPv6 addressing");
+    }
+    up()
 }
 
 pub fn spawn_reader(tun: Tun, processors: Processors, mtu: u16, counters: Arc<NodeCounters>) {

@@ -2,8 +2,11 @@
 
 use super::RuntimeError;
 use futures::TryStreamExt;
-use rtnetlink::packet_route::link::{InfoData, InfoVeth};
-use rtnetlink::{Handle, LinkBridge, LinkUnspec, LinkVeth};
+use rtnetlink::packet_route::link::{
+    AfSpecInet6, AfSpecUnspec, In6AddrGenMode, InfoData, InfoVeth, LinkAttribute,
+};
+use rtnetlink::packet_route::neighbour::{NeighbourFlags, NeighbourState};
+use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkUnspec, LinkVeth};
 use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::fd::AsRawFd;
@@ -42,29 +45,36 @@ pub async fn connect_in(ns: &str) -> Result<Handle, RuntimeError> {
     Ok(handle)
 }
 
-/// Whether a new namespace lets processes without CAP_NET_RAW ping.
+/// What a new namespace is for, which decides the settings written in it.
+///
+/// Each sysctl written in a new namespace costs a path lookup that grows with
+/// the number of namespaces (the kernel keeps every namespace's
+/// `/proc/sys/net` entry in one hash chain): at 6,000 namespaces those lookups
+/// were a tenth of the machine's CPU while nodes were made. So namespace mode's
+/// nodes, thousands of them, get none; their interfaces keep IPv6 quiet through
+/// netlink instead (`configure_inside`, and the agent for its TUN device).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PingSockets {
-    /// Packed workers' nodes: their pod drops CAP_NET_RAW.
-    Allowed,
-    /// Namespace mode's nodes and underlays: whoever enters them is root. Each
-    /// sysctl written costs a lookup that grows with the number of namespaces
-    /// (the kernel keeps every namespace's `/proc/sys/net/ipv4` entry in one
-    /// hash chain); at 7,000 namespaces those lookups were a fifth of the
-    /// machine's CPU while nodes were made.
-    Unchanged,
+pub enum NamespaceRole {
+    /// A namespace-mode node: root enters it, nothing is written.
+    Node,
+    /// A packed worker's node: its pod drops CAP_NET_RAW, so ICMP echo sockets
+    /// are allowed for everyone; IPv6 off for every interface.
+    PackedNode,
+    /// A topology's underlay, holding its bridges and the nodes' veth ends:
+    /// IPv6 off for every interface, bridged frames not through iptables.
+    Underlay,
 }
 
 /// Creates `/run/netns/<name>` the way iproute2 does, so `ip netns exec` works
 /// on it: a thread unshares a new network namespace and bind-mounts it there.
-pub async fn create_netns(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
+pub async fn create_netns(name: &str, role: NamespaceRole) -> Result<(), RuntimeError> {
     let name = name.to_string();
-    tokio::task::spawn_blocking(move || create_netns_blocking(&name, ping))
+    tokio::task::spawn_blocking(move || create_netns_blocking(&name, role))
         .await
         .map_err(|e| RuntimeError::Netlink(e.to_string()))?
 }
 
-fn create_netns_blocking(name: &str, ping: PingSockets) -> Result<(), RuntimeError> {
+fn create_netns_blocking(name: &str, role: NamespaceRole) -> Result<(), RuntimeError> {
     use nix::mount::{MsFlags, mount};
     std::fs::create_dir_all(NETNS_DIR).map_err(|e| RuntimeError::io(NETNS_DIR, e))?;
     make_netns_dir_shared()?;
@@ -79,9 +89,16 @@ fn create_netns_blocking(name: &str, ping: PingSockets) -> Result<(), RuntimeErr
     let made = std::thread::spawn(move || -> nix::Result<()> {
         nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)?;
         // /proc/sys/net is the calling thread's namespace: this one's now.
-        disable_ipv6_by_default();
-        if ping == PingSockets::Allowed {
-            allow_ping_sockets();
+        match role {
+            NamespaceRole::Node => {}
+            NamespaceRole::PackedNode => {
+                disable_ipv6_by_default();
+                allow_ping_sockets();
+            }
+            NamespaceRole::Underlay => {
+                disable_ipv6_by_default();
+                bridged_frames_skip_iptables();
+            }
         }
         mount(
             Some("/proc/thread-self/ns/net"),
@@ -126,6 +143,22 @@ fn disable_ipv6_by_default() {
         && e.kind() != std::io::ErrorKind::NotFound
     {
         tracing::debug!(%path, error = %e, "cannot turn IPv6 off");
+    }
+}
+
+/// Bridged frames in the calling thread's namespace no longer pass through
+/// iptables. With `br_netfilter` loaded (container hosts load it), a new
+/// namespace sends every frame its bridges forward through the IPv4 hooks,
+/// whatever the bridge's own setting says; the underlay has no rules to match.
+/// Without the module there is no such file, which is fine.
+fn bridged_frames_skip_iptables() {
+    for table in ["iptables", "ip6tables", "arptables"] {
+        let path = format!("/proc/sys/net/bridge/bridge-nf-call-{table}");
+        if let Err(e) = std::fs::write(&path, "0")
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::debug!(%path, error = %e, "bridged frames still pass through netfilter");
+        }
     }
 }
 
@@ -300,7 +333,6 @@ pub async fn plug_veth(
 ) -> Result<(), RuntimeError> {
     let ns_file =
         File::open(netns_path(ns)).map_err(|e| RuntimeError::io(format!("opening {ns}"), e))?;
-    // The inside end gets its namespace's IPv6 default (off, see create_netns).
     // It must not be asked to come up here: the kernel opens it before the two
     // ends know each other, and a veth without its peer refuses with ENOTCONN.
     // configure_inside brings it up.
@@ -317,8 +349,22 @@ pub async fn plug_veth(
         )
         .execute()
         .await?;
+    let port = require_index(host, host_name).await?;
+    // Unknown unicast (a frame to a node that has not sent yet, or is not made
+    // yet) is flooded only to the ports between bridges, not to every node:
+    // each port is told its node's address instead of learning it. Flooded to
+    // every port, each SYN an agent retried towards a peer not yet made was
+    // copied to all the nodes, a fifth of the machine's CPU while 6,000 nodes
+    // came up.
+    host.neighbours()
+        .add_bridge(port, &inside_mac)
+        .state(NeighbourState::Noarp)
+        .flags(NeighbourFlags::Controller)
+        .replace()
+        .execute()
+        .await?;
     host.link()
-        .set(LinkUnspec::new_with_name(host_name).up().build())
+        .set_port(LinkBridgePort::new(port).flood(false).up().build())
         .execute()
         .await?;
     Ok(())
@@ -360,6 +406,18 @@ pub async fn configure_inside(
             .execute()
             .await?;
     }
+    // No IPv6 address, so none of the multicast an address brings (DAD,
+    // router solicitations, MLD reports), which the bridges would copy to
+    // every node: set before the interface comes up, when the kernel would
+    // make its link-local address.
+    ns.link()
+        .set(
+            LinkUnspec::new_with_index(index)
+                .append_extra_attribute(no_ipv6_addresses())
+                .build(),
+        )
+        .execute()
+        .await?;
     ns.link()
         .set(LinkUnspec::new_with_index(index).up().build())
         .execute()
@@ -371,6 +429,13 @@ pub async fn configure_inside(
     Ok(())
 }
 
+/// `addrgenmode none`: the interface gets no IPv6 address of its own.
+fn no_ipv6_addresses() -> LinkAttribute {
+    LinkAttribute::AfSpecUnspec(vec![AfSpecUnspec::Inet6(vec![AfSpecInet6::AddrGenMode(
+        In6AddrGenMode::None,
+    )])])
+}
+
 /// How many interfaces of the handle's namespace have a name that `matches`.
 pub async fn count_links(
     handle: &Handle,
@@ -379,9 +444,10 @@ pub async fn count_links(
     let mut stream = handle.link().get().execute();
     let mut count = 0;
     while let Some(msg) = stream.try_next().await? {
-        let named = msg.attributes.iter().any(
-            |a| matches!(a, rtnetlink::packet_route::link::LinkAttribute::IfName(n) if matches(n)),
-        );
+        let named = msg
+            .attributes
+            .iter()
+            .any(|a| matches!(a, LinkAttribute::IfName(n) if matches(n)));
         count += usize::from(named);
     }
     Ok(count)
@@ -396,7 +462,7 @@ pub async fn delete_links(
     let mut doomed = Vec::new();
     while let Some(msg) = stream.try_next().await? {
         let name = msg.attributes.iter().find_map(|a| match a {
-            rtnetlink::packet_route::link::LinkAttribute::IfName(n) => Some(n.clone()),
+            LinkAttribute::IfName(n) => Some(n.clone()),
             _ => None,
         });
         if name.is_some_and(|n| matches(&n)) {

@@ -78,7 +78,7 @@ impl NetnsRuntime {
     ) -> Result<u32, RuntimeError> {
         let topology = &plan.topology;
         let ns = names::netns(topology, &node.name);
-        netlink::create_netns(&ns, netlink::PingSockets::Unchanged).await?;
+        netlink::create_netns(&ns, netlink::NamespaceRole::Node).await?;
         netlink::plug_veth(
             attachment.underlay,
             &names::veth_host(topology, node.index),
@@ -113,6 +113,14 @@ impl NetnsRuntime {
         write_secret(&dir.join(files::key(&node.name)), &credential.cert.key_pem)?;
         cgroup::create(&cgroup::group_name(&ns), &node.resources)?;
         self.start_agent(topology, node)
+    }
+
+    /// Suspends every agent of the topology (see [`process::pause`]); returns
+    /// their pids, for [`process::resume`] should the removal not go ahead.
+    pub fn pause_agents(&self, topology: &str) -> Vec<u32> {
+        let pids = process::find_agents(&names::netns_prefix(topology));
+        process::pause(&pids);
+        pids
     }
 
     /// Starts the node's agent in its (existing) namespace with the credential
@@ -466,7 +474,7 @@ async fn open_underlay(topology: &str) -> Result<rtnetlink::Handle, RuntimeError
     }
     let underlay = names::underlay_netns(topology);
     if !netlink::netns_path(&underlay).exists() {
-        netlink::create_netns(&underlay, netlink::PingSockets::Unchanged).await?;
+        netlink::create_netns(&underlay, netlink::NamespaceRole::Underlay).await?;
     }
     netlink::connect_in(&underlay).await
 }

@@ -212,7 +212,7 @@ async fn make_node(
     cgroups: bool,
 ) -> Result<(), RuntimeError> {
     let ns = config.netns(&node.name);
-    netlink::create_netns(&ns, netlink::PingSockets::Allowed).await?;
+    netlink::create_netns(&ns, netlink::NamespaceRole::PackedNode).await?;
     let inside = netlink::connect_in(&ns).await?;
     let lo = netlink::require_index(&inside, "lo").await?;
     inside

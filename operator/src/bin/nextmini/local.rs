@@ -243,9 +243,17 @@ impl Local {
         };
         for t in &names {
             // Rows first: the hub's supervisor restarts only agents of nodes it
-            // still finds in the store.
+            // still finds in the store. The agents are paused meanwhile, so
+            // none reconnects as its session ends; they go on if the rows stay.
+            let paused = runtime.pause_agents(t);
             let existed = match &store {
-                Some(s) => s.delete_topology(t).await?,
+                Some(s) => match s.delete_topology(t).await {
+                    Ok(existed) => existed,
+                    Err(e) => {
+                        nextmini_operator::runtime::process::resume(&paused);
+                        return Err(e.into());
+                    }
+                },
                 None => false,
             };
             let removed = runtime.destroy(t).await?;
