@@ -164,9 +164,12 @@ async fn connect(hub: &HubAddress, tls: &TlsFiles) -> Result<Channel, ConnectErr
     // is done there (tonic's own TLS would verify the dialled name instead of
     // the hub's fixed one).
     Ok(Endpoint::from_static("http://hub.nextmini.internal")
-        .connect_timeout(Duration::from_secs(2))
-        .http2_keep_alive_interval(Duration::from_secs(5))
-        .keep_alive_timeout(Duration::from_secs(5))
+        // Dialling includes the TLS handshake: while thousands of agents start
+        // on a small machine the hub takes seconds to answer, and giving up
+        // after 2 s only made every agent start its handshake over.
+        .connect_timeout(Duration::from_secs(15))
+        .http2_keep_alive_interval(Duration::from_secs(20))
+        .keep_alive_timeout(Duration::from_secs(20))
         .connect_with_connector(tower::service_fn(move |_: Uri| {
             dial(hub.clone(), connector.clone())
         }))

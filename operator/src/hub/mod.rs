@@ -38,6 +38,11 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+/// HTTP/2 ping interval and answer timeout on control streams. A dead agent's
+/// stream ends when its process does; these catch a silent peer over TCP.
+/// Five seconds was too short while thousands of agents started on two cores:
+/// pings went unanswered, streams were cut and every agent reconnected.
+const KEEPALIVE: Duration = Duration::from_secs(20);
 const RETENTION_EVERY: Duration = Duration::from_secs(30);
 /// How often the hub looks whether sessions or topologies went, to return
 /// their memory.
@@ -100,7 +105,12 @@ impl Hub {
             std::fs::remove_file(path)?;
         }
         let tls = self.tls_config().await?;
-        let listener = tokio::net::UnixListener::bind(path)?;
+        // std's bind asks for the kernel's largest backlog (somaxconn); tokio's
+        // for 1,024, which thousands of agents starting at once overflowed: each
+        // refused connect (EAGAIN) was retried with a new TLS handshake.
+        let listener = std::os::unix::net::UnixListener::bind(path)?;
+        listener.set_nonblocking(true)?;
+        let listener = tokio::net::UnixListener::from_std(listener)?;
         set_owner_only(path)?;
         self.start_background().await;
         let incoming = tls::authenticated(
@@ -109,8 +119,8 @@ impl Hub {
             self.inner.metrics.clone(),
         );
         tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(5)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .http2_keepalive_interval(Some(KEEPALIVE))
+            .http2_keepalive_timeout(Some(KEEPALIVE))
             .add_service(ControlServer::new(self))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
@@ -137,8 +147,8 @@ impl Hub {
         });
         let incoming = tls::authenticated(accepted, tls, self.inner.metrics.clone());
         tonic::transport::Server::builder()
-            .http2_keepalive_interval(Some(Duration::from_secs(5)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(5)))
+            .http2_keepalive_interval(Some(KEEPALIVE))
+            .http2_keepalive_timeout(Some(KEEPALIVE))
             .add_service(ControlServer::new(self))
             .serve_with_incoming_shutdown(incoming, shutdown)
             .await?;
