@@ -104,18 +104,21 @@ e2e: setup-test
 #           100 Mbit/s bottleneck under DropTail, RED and ECN threshold marking,
 #           median and p99 queue depth (issue 18.5; about 1.5 min)
 #   ring    a RING-node ring in namespace mode: up, whole-machine memory, ping
-#           and curl between the farthest nodes, down (issue 16.1; about 10 min
+#           and curl between the farthest nodes, down (issue 16.1; about 6 min
 #           at 10,000; not in the default list: it needs 14 GiB)
+#   fattree the same for a k=FATTREE fat-tree (k=32: 9,472 nodes, 24,576 links;
+#           about 7 min, 15 GiB; not in the default list)
 BENCH ?= flows hops memory scale load processors shaped fidelity queues
 RING ?= 10000
+FATTREE ?= 32
 PROCESSORS ?= 1 2 4
 HOPS ?= 1 2 4 8 16 40
 SCALE ?= 100 500 1000
 LOAD_ARGS ?= 1000 300 100
 BENCH_TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 bench:
-	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped|fidelity|queues|ring) ;; \
-	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped, fidelity, queues, ring)" >&2; exit 2 ;; esac; done
+	@for part in $(BENCH); do case $$part in flows|hops|memory|scale|load|processors|shaped|fidelity|queues|ring|fattree) ;; \
+	  *) echo "make bench: unknown part '$$part' (flows, hops, memory, scale, load, processors, shaped, fidelity, queues, ring, fattree)" >&2; exit 2 ;; esac; done
 	@scripts/setup.sh --bench
 	$(CARGO) build --workspace --release --bins
 	$(CARGO) build --release -p nextmini-e2e --examples
@@ -132,7 +135,8 @@ bench:
 	    shaped) $(BENCH_TARGET_DIR)/release/examples/bench_shaped ;; \
 	    fidelity) $(BENCH_TARGET_DIR)/release/examples/bench_fidelity ;; \
 	    queues) $(BENCH_TARGET_DIR)/release/examples/bench_queues ;; \
-	    ring) bench/namespace_ring.sh $(RING) ;; \
+	    ring) bench/namespace_scale.sh ring $(RING) ;; \
+	    fattree) bench/namespace_scale.sh fattree $(FATTREE) ;; \
 	  esac; \
 	done
 	/usr/bin/python3 bench/plot.py

@@ -333,7 +333,7 @@ pub async fn plug_veth(
 ) -> Result<(), RuntimeError> {
     let ns_file =
         File::open(netns_path(ns)).map_err(|e| RuntimeError::io(format!("opening {ns}"), e))?;
-    // It must not be asked to come up here: the kernel opens it before the two
+    // The inside end must not come up here: the kernel opens it before the two
     // ends know each other, and a veth without its peer refuses with ENOTCONN.
     // configure_inside brings it up.
     let inside = LinkUnspec::new_with_name(inside_name)

@@ -1,14 +1,30 @@
 #!/usr/bin/env bash
-# A ring of N nodes in namespace mode (issue 16.1): `up` until every link
+# A large topology in namespace mode (issue 16.1): `up` until every link
 # forwards, the whole machine's memory for it (MemAvailable before and after),
 # ping and a 100 KB curl between the two farthest nodes, then `down` and a check
 # that nothing is left. Prints a pass/miss line per target. A private state
 # directory and PostgreSQL; everything is removed on exit, even on failure.
-# Usage: sudo bench/namespace_ring.sh [nodes]   (default 10000; about 10 min)
+# Usage: sudo bench/namespace_scale.sh ring [nodes]      (default 10000; about 6 min)
+#        sudo bench/namespace_scale.sh fattree [k]       (default 32: 9,472 nodes; about 7 min)
 set -euo pipefail
-nodes=${1:-10000}
-source "$(dirname "$0")/private_state.sh" ring
-printf 'apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: bigring}\nspec:\n  generator: {ring: {nodes: %d}}\n' "$nodes" > "$work/ring.yaml"
+shape=${1:-ring}
+case $shape in
+ring)
+    size=${2:-10000}
+    generator="ring: {nodes: $size}"
+    near=n0 far=n$((size / 2)) label="$size-node ring" ;;
+fattree)
+    size=${2:-32}
+    half=$((size / 2))
+    generator="fatTree: {k: $size}"
+    # The first host of the first pod and the last host of the last: 6 links apart.
+    near=host-0-0-0 far=host-$((size - 1))-$((half - 1))-$((half - 1))
+    label="k=$size fat-tree ($((size * size * size / 4 + 5 * size * size / 4)) nodes)" ;;
+*)
+    echo "usage: $0 ring [nodes] | fattree [k]" >&2; exit 2 ;;
+esac
+source "$(dirname "$0")/private_state.sh" "$shape"
+printf 'apiVersion: nextmini.io/v1alpha1\nkind: Topology\nmetadata: {name: big}\nspec:\n  generator: {%s}\n' "$generator" > "$work/topology.yaml"
 avail() { awk '/^MemAvailable/{print $2}' /proc/meminfo; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
@@ -17,36 +33,35 @@ verdict() { awk -v v="$1" -v l="$2" 'BEGIN { print (v <= l) ? "pass" : "miss" }'
 ours() { echo $(( $(ls /run/netns | grep -c '^nm-' || true) + $(pgrep -c nextmini-agent || true) )); }
 ours_before=$(ours)
 before=$(avail)
-echo "$nodes-node ring: up (progress on stderr)" >&2
+echo "$label: up (progress on stderr)" >&2
 start=$(now)
-"$bin" up -f "$work/ring.yaml" --timeout-secs 1800 > "$work/up.log"
+"$bin" up -f "$work/topology.yaml" --timeout-secs 1800 > "$work/up.log"
 up_s=$(since "$start")
 after=$(avail)
 used_gib=$(awk -v b="$before" -v a="$after" 'BEGIN { printf "%.1f", (b - a) / 1048576 }')
 hub_mib=$(awk '/^VmRSS/{printf "%.0f", $2 / 1024}' "/proc/$(cat "$NEXTMINI_STATE_DIR/hub.pid")/status")
 
-far=n$((nodes / 2))
-ping_out=$("$bin" exec n0 -- ping -c 3 -W 30 "$far" 2>&1 | tail -2 | tr '\n' ' ')
+ping_out=$("$bin" exec "$near" -- ping -c 3 -W 30 "$far" 2>&1 | tail -2 | tr '\n' ' ')
 received=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<< "$ping_out")
 head -c 100000 /dev/urandom > "$work/blob"
 "$bin" exec "$far" -- sh -c "python3 -m http.server 8000 --directory $work >/dev/null 2>&1 &"
 # The server starts slowly on a loaded machine; a refused connection is retried.
 curl_start=$(now)
-"$bin" exec n0 -- curl -s -m 300 --retry 60 --retry-connrefused --retry-delay 2 \
+"$bin" exec "$near" -- curl -s -m 300 --retry 60 --retry-connrefused --retry-delay 2 \
     -o "$work/got" "http://$far:8000/blob" || true
 curl_s=$(since "$curl_start")
 if cmp -s "$work/blob" "$work/got"; then curl_ok=pass; else curl_ok=miss; fi
 pkill -f "http.server 8000 --directory $work" || true
 
 start=$(now)
-"$bin" down bigring > "$work/down.log"
+"$bin" down big > "$work/down.log"
 down_s=$(since "$start")
 left=$(( $(ours) - ours_before ))
 
-echo "nodes=$nodes up_s=$up_s down_s=$down_s memory_gib=$used_gib hub_rss_mib=$hub_mib ping_n0_${far}=\"$ping_out\" curl_100KB_s=$curl_s left=$left"
+echo "topology=\"$label\" up_s=$up_s down_s=$down_s memory_gib=$used_gib hub_rss_mib=$hub_mib ping_${near}_${far}=\"$ping_out\" curl_100KB_s=$curl_s left=$left"
 echo "$(verdict "$up_s" 120): up in $up_s s (target <= 120 s)"
 echo "$(verdict "$down_s" 60): down in $down_s s (target <= 60 s)"
 echo "$(verdict "$used_gib" 16): whole machine $used_gib GiB (MemAvailable drop; target <= 16 GiB)"
-echo "$( [ "${received:-0}" -gt 0 ] && echo pass || echo miss ): ping n0 -> $far: ${received:-0}/3"
-echo "$curl_ok: curl n0 -> $far of 100 KB, equal bytes, $curl_s s"
+echo "$( [ "${received:-0}" -gt 0 ] && echo pass || echo miss ): ping $near -> $far: ${received:-0}/3"
+echo "$curl_ok: curl $near -> $far of 100 KB, equal bytes, $curl_s s"
 echo "$( [ "$left" -eq 0 ] && echo pass || echo miss ): nothing left ($left namespaces and agents)"
