@@ -101,36 +101,25 @@ fn a_1100_node_ring_forwards_end_to_end() {
         names::veth_host(&topology, 0),
         names::veth_host(&topology, NODES - 1),
     ] {
-        let off = std::process::Command::new("ip")
-            .args(["netns", "exec", &underlay, "cat"])
-            .arg(format!("/proc/sys/net/ipv6/conf/{iface}/disable_ipv6"))
-            .output()
-            .expect("ip netns exec");
-        assert_eq!(
-            String::from_utf8_lossy(&off.stdout).trim(),
-            "1",
-            "{iface} in {underlay}: IPv6 not off ({})",
-            String::from_utf8_lossy(&off.stderr).trim()
-        );
+        let path = format!("/proc/sys/net/ipv6/conf/{iface}/disable_ipv6");
+        let off = ip_output(&["netns", "exec", &underlay, "cat", &path]);
+        assert_eq!(off.trim(), "1", "{iface} in {underlay}: IPv6 not off");
     }
 
     // Each node knows its link peers' MAC addresses from the start: n0's
     // neighbour table holds exactly its two peers, as permanent entries with
     // the MAC that names their address, and nothing that ARP resolved (each
     // request would have been copied to all 1,100 nodes).
-    let neighbours = std::process::Command::new("ip")
-        .args([
-            "-n",
-            &names::netns(&topology, "n0"),
-            "-4",
-            "neigh",
-            "show",
-            "dev",
-        ])
-        .arg(names::UNDERLAY_IFACE)
-        .output()
-        .expect("ip neigh");
-    let neighbours = String::from_utf8_lossy(&neighbours.stdout).into_owned();
+    let n0 = names::netns(&topology, "n0");
+    let neighbours = ip_output(&[
+        "-n",
+        &n0,
+        "-4",
+        "neigh",
+        "show",
+        "dev",
+        names::UNDERLAY_IFACE,
+    ]);
     let entries: Vec<&str> = neighbours.lines().collect();
     assert_eq!(entries.len(), 2, "n0's neighbours:\n{neighbours}");
     for entry in entries {
@@ -147,7 +136,6 @@ fn a_1100_node_ring_forwards_end_to_end() {
     // No node interface has an IPv6 address (set per interface over netlink,
     // not by a sysctl per namespace): loopback's ::1 is the only one, so
     // nothing multicasts router solicitations or MLD reports to every node.
-    let n0 = names::netns(&topology, "n0");
     let v6 = ip_output(&["-n", &n0, "-6", "-o", "addr", "show"]);
     let v6_interfaces: Vec<&str> = v6
         .lines()
@@ -174,20 +162,15 @@ fn a_1100_node_ring_forwards_end_to_end() {
             .any(|l| l.starts_with("02:6e:") && l.trim_end().ends_with(" static")),
         "n0's port has no static entry for n0's address:\n{fdb}"
     );
-    let ports = ip_output(&["netns", "exec", &underlay, "bridge", "-d", "link", "show"]);
     let (uplink, _) = names::segment_uplink(&topology, 1);
     for port in [
         names::veth_host(&topology, 0),
         names::veth_host(&topology, NODES - 1),
         uplink.clone(),
     ] {
-        let line = ports
-            .split("\n")
-            .collect::<Vec<_>>()
-            .windows(2)
-            .find(|w| w[0].contains(&format!(" {port}@")))
-            .map(|w| format!("{} {}", w[0], w[1]))
-            .unwrap_or_default();
+        let line = ip_output(&[
+            "netns", "exec", &underlay, "bridge", "-d", "link", "show", "dev", &port,
+        ]);
         let floods = line.contains(" flood on");
         assert_eq!(
             floods,
