@@ -8,3 +8,9 @@ pub fn line3() -> Plan {
     let manifest = parse_manifest("line3.yaml", text).expect("parses");
     plan_manifest(&manifest).expect("plans").remove(0)
 }
+
+/// A one-topology manifest, planned (a test's own YAML).
+pub fn planned(name: &str, text: &str) -> Plan {
+    let manifest = parse_manifest(name, text).expect("parses");
+    plan_manifest(&manifest).expect("plans").remove(0)
+}

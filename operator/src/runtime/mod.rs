@@ -14,6 +14,7 @@ pub mod packed;
 pub mod pods;
 pub mod process;
 pub mod scenario_nodes;
+pub mod start_gate;
 pub mod supervise;
 pub mod tunables;
 pub mod worker;
@@ -58,8 +59,30 @@ pub struct Removed {
     pub links: usize,
 }
 
-/// Called once per node as creation progresses, for progress bars.
-pub type Progress<'a> = &'a (dyn Fn(&str) + Sync);
+/// How far the making of a node has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    /// Its namespace and interfaces exist; no agent yet.
+    Wired,
+    /// Its agent was started.
+    Started,
+}
+
+/// Called once per node and stage as creation progresses, for progress bars.
+/// A node's agent starts after the node and its link peers are wired.
+pub type Progress<'a> = &'a (dyn Fn(Stage, &str) + Sync);
+
+/// How far removing a topology has come.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Its agents (this many) are being stopped.
+    StoppingAgents(usize),
+    /// `done` of its `total` namespaces are gone.
+    Namespaces { done: usize, total: usize },
+}
+
+/// Called as a removal progresses, for progress bars.
+pub type RemovalProgress<'a> = &'a (dyn Fn(Removal) + Sync);
 
 #[allow(async_fn_in_trait)]
 pub trait Runtime {

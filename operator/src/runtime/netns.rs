@@ -6,7 +6,10 @@
 
 use super::netlink::{self, connect_here};
 use super::process::{self, AgentLaunch};
-use super::{Progress, Removed, Runtime, RuntimeError, cgroup, names};
+use super::start_gate::StartGate;
+use super::{
+    Progress, Removal, RemovalProgress, Removed, Runtime, RuntimeError, Stage, cgroup, names,
+};
 use crate::pki::{Credentials, NodeCredential, files};
 use crate::plan::{Plan, PlannedNode};
 use futures::StreamExt;
@@ -68,14 +71,16 @@ impl NetnsRuntime {
         self.state_dir.join("logs").join(topology)
     }
 
-    async fn create_node(
+    /// Makes the node's namespace and plugs it into its segment's bridge, with
+    /// its address, link peers' neighbour entries and /etc/hosts: everything
+    /// but the agent.
+    async fn wire_node(
         &self,
         plan: &Plan,
         node: &PlannedNode,
         attachment: Attachment<'_>,
         hosts: &Path,
-        credential: &NodeCredential,
-    ) -> Result<u32, RuntimeError> {
+    ) -> Result<(), RuntimeError> {
         let topology = &plan.topology;
         let ns = names::netns(topology, &node.name);
         netlink::create_netns(&ns, netlink::NamespaceRole::Node).await?;
@@ -102,8 +107,17 @@ impl NetnsRuntime {
         std::fs::create_dir_all(&etc)
             .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
         link_hosts(hosts, &etc.join("hosts"))
-            .map_err(|e| RuntimeError::io(etc.display().to_string(), e))?;
+            .map_err(|e| RuntimeError::io(etc.display().to_string(), e))
+    }
 
+    /// Puts the node's credential on disk and starts its agent in its (wired)
+    /// namespace, inside the node's cgroup.
+    fn start_node(
+        &self,
+        topology: &str,
+        node: &PlannedNode,
+        credential: &NodeCredential,
+    ) -> Result<u32, RuntimeError> {
         let dir = self.credential_dir(topology);
         write_secret(&dir.join(files::token(&node.name)), &credential.token)?;
         write_secret(
@@ -111,6 +125,7 @@ impl NetnsRuntime {
             &credential.cert.cert_pem,
         )?;
         write_secret(&dir.join(files::key(&node.name)), &credential.cert.key_pem)?;
+        let ns = names::netns(topology, &node.name);
         cgroup::create(&cgroup::group_name(&ns), &node.resources)?;
         self.start_agent(topology, node)
     }
@@ -261,6 +276,17 @@ impl Runtime for NetnsRuntime {
     }
 
     async fn destroy(&self, topology: &str) -> Result<Removed, RuntimeError> {
+        self.destroy_showing(topology, &|_| {}).await
+    }
+}
+
+impl NetnsRuntime {
+    /// [`Runtime::destroy`], telling `progress` how far it came.
+    pub async fn destroy_showing(
+        &self,
+        topology: &str,
+        progress: RemovalProgress<'_>,
+    ) -> Result<Removed, RuntimeError> {
         let ns_prefix = names::netns_prefix(topology);
         let link_prefix = names::link_prefix(topology);
         let doomed_prefix = ns_prefix.clone();
@@ -268,14 +294,13 @@ impl Runtime for NetnsRuntime {
             process::find_agents(&ns_prefix),
             move |ns| ns.starts_with(&doomed_prefix),
             |link| link.starts_with(&link_prefix) && names::is_ours_link(link),
+            progress,
         )
         .await?;
         let _ = std::fs::remove_dir_all(self.credential_dir(topology));
         Ok(removed)
     }
-}
 
-impl NetnsRuntime {
     /// Creates the named nodes of the plan (the topology's bridge too, if it is
     /// missing) and starts their agents; every node's /etc/hosts is rewritten, so
     /// nodes that were running already resolve the new names.
@@ -296,6 +321,12 @@ impl NetnsRuntime {
         // program is an error now, not an agent failing later.
         for node in &wanted {
             socks_addresses_free(node)?;
+            if !credentials.nodes.contains_key(&node.name) {
+                return Err(RuntimeError::Conflict(format!(
+                    "no credential for node {}",
+                    node.name
+                )));
+            }
         }
         write_secret(
             &self.credential_dir(topology).join(files::CA),
@@ -341,29 +372,27 @@ impl NetnsRuntime {
         let bridges = ensure_segment_bridges(&underlay, topology, segments).await?;
         let hosts = write_shared_hosts(plan)?;
         let peers = link_peers(plan);
-        let results: Vec<Result<(String, u32), RuntimeError>> = futures::stream::iter(wanted)
+        // An agent starts once its node and link peers are wired (see
+        // `start_gate`); a failure stops further starts, the wiring under way
+        // finishes, and what was made is left for `destroy`/`remove_nodes`.
+        let names_made: Vec<&str> = wanted.iter().map(|n| n.name.as_str()).collect();
+        let mut gate = StartGate::new(plan, &names_made);
+        let by_name: HashMap<&str, &PlannedNode> =
+            wanted.iter().map(|n| (n.name.as_str(), *n)).collect();
+        let mut wiring = futures::stream::iter(&wanted)
             .map(|node| {
                 let hosts = hosts.as_path();
                 let bridges = &bridges;
                 let underlay = &underlay;
                 let peers = peers.get(node.name.as_str()).map_or(&[][..], Vec::as_slice);
                 async move {
-                    let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
-                        RuntimeError::Conflict(format!("no credential for node {}", node.name))
-                    })?;
                     let bridge_index = bridges[names::segment_of(node.index) as usize];
-                    let pid = self
-                        .create_node(
-                            plan,
-                            node,
-                            Attachment {
-                                underlay,
-                                bridge_index,
-                                peers,
-                            },
-                            hosts,
-                            credential,
-                        )
+                    let attachment = Attachment {
+                        underlay,
+                        bridge_index,
+                        peers,
+                    };
+                    self.wire_node(plan, node, attachment, hosts)
                         .await
                         .map_err(|e| match e {
                             RuntimeError::Netlink(m) => {
@@ -371,14 +400,46 @@ impl NetnsRuntime {
                             }
                             other => other,
                         })?;
-                    progress(&node.name);
-                    Ok((node.name.clone(), pid))
+                    Ok::<_, RuntimeError>(node.name.as_str())
                 }
             })
-            .buffer_unordered(PARALLEL_NODES)
-            .collect()
-            .await;
-        let created = results.into_iter().collect::<Result<BTreeMap<_, _>, _>>()?;
+            .buffer_unordered(PARALLEL_NODES);
+        let mut created = BTreeMap::new();
+        let mut failed = None;
+        while let Some(wired) = wiring.next().await {
+            let name = match wired {
+                Ok(name) => name,
+                Err(e) => {
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
+            progress(Stage::Wired, name);
+            if failed.is_some() {
+                continue;
+            }
+            for ready in gate.wired(name) {
+                let started = match (by_name.get(ready), credentials.nodes.get(ready)) {
+                    (Some(node), Some(credential)) => self.start_node(topology, node, credential),
+                    _ => Err(RuntimeError::Conflict(format!(
+                        "no credential for node {ready}"
+                    ))),
+                };
+                match started {
+                    Ok(pid) => {
+                        progress(Stage::Started, ready);
+                        created.insert(ready.to_string(), pid);
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
         // The shared file already names every node of the plan; only nodes
         // made before nodes shared one still hold a file of their own.
         link_every_node(plan, &hosts);
@@ -410,7 +471,13 @@ impl NetnsRuntime {
             .flat_map(|ns| process::find_agents_in(ns))
             .collect();
         let doomed = namespaces.clone();
-        let removed = sweep(pids, move |ns| doomed.iter().any(|n| n == ns), |_| false).await?;
+        let removed = sweep(
+            pids,
+            move |ns| doomed.iter().any(|n| n == ns),
+            |_| false,
+            &|_| {},
+        )
+        .await?;
         let dir = self.credential_dir(topology);
         for node in nodes {
             for file in [files::token(node), files::cert(node), files::key(node)] {
@@ -427,6 +494,7 @@ impl NetnsRuntime {
             process::find_agents("nm-"),
             names::is_ours_netns,
             names::is_ours_link,
+            &|_| {},
         )
         .await?;
         let _ = std::fs::remove_dir_all(self.state_dir.join("credentials"));
@@ -508,7 +576,9 @@ async fn sweep(
     pids: Vec<u32>,
     netns_matches: impl Fn(&str) -> bool + Send + 'static,
     link_matches: impl Fn(&str) -> bool,
+    progress: RemovalProgress<'_>,
 ) -> Result<Removed, RuntimeError> {
+    progress(Removal::StoppingAgents(pids.len()));
     let (processes, netns_matches) = tokio::task::spawn_blocking(move || {
         let mut stopped = process::stop(&pids, Duration::from_secs(2));
         let doomed: Vec<PathBuf> = netlink::list_netns("")
@@ -530,10 +600,13 @@ async fn sweep(
     .map_err(|e| RuntimeError::Netlink(e.to_string()))?;
     let mut namespaces = 0;
     let mut underlay_links = 0;
-    for ns in netlink::list_netns("") {
-        if !netns_matches(&ns) {
-            continue;
-        }
+    let doomed: Vec<String> = netlink::list_netns("")
+        .into_iter()
+        .filter(|ns| netns_matches(ns))
+        .collect();
+    let total = doomed.len();
+    for (done, ns) in doomed.into_iter().enumerate() {
+        progress(Removal::Namespaces { done, total });
         // The underlay is counted by the interfaces it held, not as a node.
         let underlay = names::is_underlay_netns(&ns);
         if underlay {
@@ -543,6 +616,7 @@ async fn sweep(
             namespaces += 1;
         }
     }
+    progress(Removal::Namespaces { done: total, total });
     if let Ok(dir) = std::fs::read_dir(ETC_NETNS) {
         for entry in dir.filter_map(|e| e.ok()) {
             if netns_matches(&entry.file_name().to_string_lossy()) {

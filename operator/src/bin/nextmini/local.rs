@@ -5,7 +5,7 @@ use anyhow::{Context, bail};
 use nextmini_operator::hub::Hub;
 use nextmini_operator::localpg::{DEFAULT_PORT, LocalPg};
 use nextmini_operator::runtime::netns::NetnsRuntime;
-use nextmini_operator::runtime::{Runtime, names, tunables};
+use nextmini_operator::runtime::{Removal, Runtime, names, tunables};
 use nextmini_operator::store::Store;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
@@ -256,7 +256,12 @@ impl Local {
                 },
                 None => false,
             };
-            let removed = runtime.destroy(t).await?;
+            let bar = removal_bar(t);
+            let removed = runtime
+                .destroy_showing(t, &|step| show_removal(&bar, t, step))
+                .await;
+            bar.finish_and_clear();
+            let removed = removed?;
             crate::observe::forget_topology(self, t);
             if !existed && removed == Default::default() {
                 println!("topology {t} is not running");
@@ -420,5 +425,34 @@ impl Local {
         self.runtime()?.destroy(topology).await?;
         crate::observe::forget_topology(self, topology);
         Ok(())
+    }
+}
+
+/// A bar for `down`: a spinner while the agents stop, then namespaces removed
+/// out of all (a 10,000-node topology takes half a minute).
+fn removal_bar(topology: &str) -> indicatif::ProgressBar {
+    let bar = indicatif::ProgressBar::new_spinner();
+    bar.set_message(format!("{topology}: removing"));
+    bar
+}
+
+fn show_removal(bar: &indicatif::ProgressBar, topology: &str, step: Removal) {
+    match step {
+        Removal::StoppingAgents(n) => {
+            bar.set_message(format!("{topology}: stopping {n} agent(s)"));
+            bar.tick();
+        }
+        Removal::Namespaces { done, total } => {
+            if bar.length() != Some(total as u64) {
+                bar.set_length(total as u64);
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{msg} [{bar:30}] {pos}/{len} {elapsed}",
+                ) {
+                    bar.set_style(style.progress_chars("=> "));
+                }
+                bar.set_message(format!("{topology}: removing namespaces"));
+            }
+            bar.set_position(done as u64);
+        }
     }
 }

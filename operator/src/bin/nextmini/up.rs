@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use nextmini_operator::pki::Credentials;
 use nextmini_operator::plan::{self, NodeChanges, Plan};
-use nextmini_operator::runtime::Runtime;
+use nextmini_operator::runtime::{Runtime, Stage};
 use nextmini_operator::store::Store;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -171,15 +171,12 @@ async fn start(
     let generation = store.apply_plan(plan, "netns", source, &hashes).await?;
     store.ensure_link_identity(topology).await?;
 
-    let bar = progress_bar(
-        plan.nodes.len() as u64,
-        &format!("{topology}: starting nodes"),
-    );
+    let bar = NodeProgress::new(plan.nodes.len(), topology, "");
     let created = local
         .runtime()?
-        .create(plan, &credentials, &|_node: &str| bar.inc(1))
+        .create(plan, &credentials, &|stage, _node: &str| bar.advance(stage))
         .await;
-    bar.finish_and_clear();
+    bar.finish();
     let pids = match created {
         Ok(p) => p,
         Err(e) => {
@@ -267,14 +264,13 @@ async fn change(
 
     let mut pids = BTreeMap::new();
     if !fresh.is_empty() {
-        let bar = progress_bar(
-            fresh.len() as u64,
-            &format!("{topology}: starting new nodes"),
-        );
+        let bar = NodeProgress::new(fresh.len(), topology, "new ");
         let created = runtime
-            .add_nodes(plan, &fresh, &credentials, &|_n: &str| bar.inc(1))
+            .add_nodes(plan, &fresh, &credentials, &|stage, _n: &str| {
+                bar.advance(stage)
+            })
             .await;
-        bar.finish_and_clear();
+        bar.finish();
         match created {
             Ok(p) => pids.extend(p),
             Err(e) => return Err(rollback(e.into()).await),
@@ -293,7 +289,7 @@ async fn change(
     if !restarted.is_empty() {
         pids.extend(
             runtime
-                .add_nodes(plan, &restarted, &credentials, &|_n: &str| {})
+                .add_nodes(plan, &restarted, &credentials, &|_, _| {})
                 .await?,
         );
     }
@@ -421,4 +417,42 @@ fn progress_bar(len: u64, message: &str) -> ProgressBar {
     }
     bar.set_message(message.to_string());
     bar
+}
+
+/// Counts agents started; its message also counts nodes wired (namespace and
+/// interfaces made), which runs ahead: an agent starts once its node and its
+/// link peers are wired.
+struct NodeProgress {
+    bar: ProgressBar,
+    message: String,
+    wired: std::sync::atomic::AtomicUsize,
+}
+
+impl NodeProgress {
+    fn new(nodes: usize, topology: &str, which: &str) -> NodeProgress {
+        let message = format!("{topology}: starting {which}nodes");
+        NodeProgress {
+            bar: progress_bar(nodes as u64, &message),
+            message,
+            wired: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    fn advance(&self, stage: Stage) {
+        match stage {
+            Stage::Wired => {
+                let wired = self
+                    .wired
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+                    + 1;
+                self.bar
+                    .set_message(format!("{} ({wired} wired)", self.message));
+            }
+            Stage::Started => self.bar.inc(1),
+        }
+    }
+
+    fn finish(&self) {
+        self.bar.finish_and_clear();
+    }
 }
