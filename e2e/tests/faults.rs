@@ -171,8 +171,19 @@ fn agents_database_and_links_survive_faults() {
     );
 
     // 4. A hung agent (frozen, its connection still open) falls silent: the hub's
-    // watchdog marks it down; once it runs again it reconnects.
+    // watchdog marks it down; once it runs again it is marked up, on the same
+    // session (a silence may be the hub's own backlog; a reconnect would add
+    // a TLS handshake and a snapshot to it).
     let pid: i32 = node_field(&env, "c", "pid").parse().expect("pid of c");
+    let c_log = env.state_dir.join("logs/line3/c.log");
+    let session_ends = || {
+        std::fs::read_to_string(&c_log)
+            .expect("c's log")
+            .lines()
+            .filter(|l| l.contains("reconnecting"))
+            .count()
+    };
+    let ends_before = session_ends();
     let events = watch_node_states(env.ok(&["db", "url"]).trim().to_string());
     let frozen = Instant::now();
     let _ = nix::sys::signal::kill(
@@ -190,7 +201,13 @@ fn agents_database_and_links_survive_faults() {
         pid.to_string(),
         "a hung agent must not be replaced while it lives"
     );
+    assert_eq!(
+        session_ends(),
+        ends_before,
+        "the hub ended the silent agent's session (c's log: {})",
+        c_log.display()
+    );
     println!(
-        "hung agent: marked down after {silent_after:?} (3 report intervals, at least 3 s), reconnected after it resumed"
+        "hung agent: marked down after {silent_after:?} (3 report intervals, at least 3 s), up again on its session after it resumed"
     );
 }

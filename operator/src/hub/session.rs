@@ -5,7 +5,7 @@ use super::{Hub, SessionKey};
 use crate::store::{CounterRow, ReceivedRow, SentRow};
 use nextmini_proto::v1 as pb;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
@@ -73,6 +73,9 @@ pub(super) struct Liveness {
     pub last_seen_ms: AtomicU64,
     /// The latest generation the agent answered (applied or refused).
     pub acked: AtomicU64,
+    /// The watchdog marked the node disconnected and the agent has not
+    /// spoken since.
+    pub silent: AtomicBool,
 }
 
 impl Liveness {
@@ -80,6 +83,7 @@ impl Liveness {
         Liveness {
             last_seen_ms: AtomicU64::new(now_ms),
             acked: AtomicU64::new(0),
+            silent: AtomicBool::new(false),
         }
     }
 }
@@ -105,7 +109,8 @@ pub(super) fn silence_limit_ms(
 }
 
 /// An agent silent for this many report intervals (at least `SILENCE_MIN`)
-/// past its idle interval is marked disconnected and its session dropped.
+/// past its idle interval is marked disconnected; its stream stays open, and
+/// its next message marks it connected again.
 const SILENT_INTERVALS: u64 = 3;
 const SILENCE_MIN: Duration = Duration::from_secs(3);
 /// The limit while the agent applies a config it has not acknowledged.
@@ -136,6 +141,17 @@ pub(super) async fn run(
             }
         };
         liveness.last_seen_ms.store(hub.now_ms(), Ordering::Relaxed);
+        if liveness.silent.swap(false, Ordering::Relaxed) {
+            tracing::info!(%topology, %node, "agent heard again; marking it connected");
+            if let Err(e) = hub
+                .inner
+                .store
+                .set_agent_state(topology_id, node, "connected")
+                .await
+            {
+                tracing::warn!(error = %e, "marking the agent connected failed");
+            }
+        }
         match msg.msg {
             Some(pb::agent_message::Msg::Ack(ack)) => {
                 // Applied or refused, the agent is done with it.
