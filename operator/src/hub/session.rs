@@ -88,12 +88,11 @@ impl Liveness {
     }
 }
 
-/// How long a session may stay silent before the watchdog drops it. An agent
-/// applying a config it has not acknowledged yet sends nothing until it is
-/// done, which takes seconds for a large snapshot on a crowded machine:
-/// dropping it then makes it reconnect and start over with another snapshot,
-/// and at 2,000 agents on two cores that fed on itself until only a tenth
-/// stayed connected. An idle agent reports only every idle interval, so the
+/// How long a session may stay silent before the watchdog marks its node
+/// disconnected. An agent applying a config it has not acknowledged yet sends
+/// nothing until it is done, which takes seconds for a large snapshot on a
+/// crowded machine (when the watchdog still dropped sessions, at 2,000 agents
+/// on two cores that fed on itself until only a tenth stayed connected). An idle agent reports only every idle interval, so the
 /// limit runs from its idle report. A dead or frozen process is still found by
 /// the connection's HTTP/2 keepalive within 40 s (a ping every 20 s, 20 s to answer).
 pub(super) fn silence_limit_ms(

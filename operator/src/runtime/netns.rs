@@ -319,14 +319,13 @@ impl NetnsRuntime {
             .collect();
         // Before anything is made: a SOCKS address held by another topology or
         // program is an error now, not an agent failing later.
-        for node in &wanted {
+        let mut made: Vec<(&PlannedNode, &NodeCredential)> = Vec::with_capacity(wanted.len());
+        for node in wanted {
             socks_addresses_free(node)?;
-            if !credentials.nodes.contains_key(&node.name) {
-                return Err(RuntimeError::Conflict(format!(
-                    "no credential for node {}",
-                    node.name
-                )));
-            }
+            let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
+                RuntimeError::Conflict(format!("no credential for node {}", node.name))
+            })?;
+            made.push((node, credential));
         }
         write_secret(
             &self.credential_dir(topology).join(files::CA),
@@ -375,12 +374,10 @@ impl NetnsRuntime {
         // An agent starts once its node and link peers are wired (see
         // `start_gate`); a failure stops further starts, the wiring under way
         // finishes, and what was made is left for `destroy`/`remove_nodes`.
-        let names_made: Vec<&str> = wanted.iter().map(|n| n.name.as_str()).collect();
+        let names_made: Vec<&str> = made.iter().map(|(n, _)| n.name.as_str()).collect();
         let mut gate = StartGate::new(plan, &names_made);
-        let by_name: HashMap<&str, &PlannedNode> =
-            wanted.iter().map(|n| (n.name.as_str(), *n)).collect();
-        let mut wiring = futures::stream::iter(&wanted)
-            .map(|node| {
+        let mut wiring = futures::stream::iter(made.iter().enumerate())
+            .map(|(place, (node, _))| {
                 let hosts = hosts.as_path();
                 let bridges = &bridges;
                 let underlay = &underlay;
@@ -400,35 +397,30 @@ impl NetnsRuntime {
                             }
                             other => other,
                         })?;
-                    Ok::<_, RuntimeError>(node.name.as_str())
+                    Ok::<_, RuntimeError>(place)
                 }
             })
             .buffer_unordered(PARALLEL_NODES);
         let mut created = BTreeMap::new();
         let mut failed = None;
         while let Some(wired) = wiring.next().await {
-            let name = match wired {
-                Ok(name) => name,
+            let place = match wired {
+                Ok(place) => place,
                 Err(e) => {
                     failed.get_or_insert(e);
                     continue;
                 }
             };
-            progress(Stage::Wired, name);
+            progress(Stage::Wired, &made[place].0.name);
             if failed.is_some() {
                 continue;
             }
-            for ready in gate.wired(name) {
-                let started = match (by_name.get(ready), credentials.nodes.get(ready)) {
-                    (Some(node), Some(credential)) => self.start_node(topology, node, credential),
-                    _ => Err(RuntimeError::Conflict(format!(
-                        "no credential for node {ready}"
-                    ))),
-                };
-                match started {
+            for ready in gate.wired(place) {
+                let (node, credential) = made[ready];
+                match self.start_node(topology, node, credential) {
                     Ok(pid) => {
-                        progress(Stage::Started, ready);
-                        created.insert(ready.to_string(), pid);
+                        progress(Stage::Started, &node.name);
+                        created.insert(node.name.clone(), pid);
                     }
                     Err(e) => {
                         failed = Some(e);

@@ -12,57 +12,49 @@
 use crate::plan::Plan;
 use std::collections::HashMap;
 
-pub struct StartGate<'p> {
-    /// Per node being made: how many of itself and its peers being made are
-    /// not wired yet.
-    unwired: HashMap<&'p str, usize>,
-    /// Per node being made: the nodes whose count its wiring lowers (itself
-    /// and its link peers being made).
-    waiting_on: HashMap<&'p str, Vec<&'p str>>,
+/// Nodes are numbered by their place in the list being made.
+pub struct StartGate {
+    /// Per node: how many of itself and its peers being made are not wired yet.
+    unwired: Vec<usize>,
+    /// Per node: the nodes whose count its wiring lowers (itself and its link
+    /// peers being made); emptied once it is wired.
+    lowers: Vec<Vec<usize>>,
 }
 
-impl<'p> StartGate<'p> {
+impl StartGate {
     /// `made` names the nodes being made; peers outside it run already.
-    pub fn new(plan: &'p Plan, made: &[&'p str]) -> StartGate<'p> {
-        let mut waiting_on: HashMap<&str, Vec<&str>> =
-            made.iter().map(|n| (*n, vec![*n])).collect();
+    pub fn new(plan: &Plan, made: &[&str]) -> StartGate {
+        let place: HashMap<&str, usize> = made.iter().enumerate().map(|(i, n)| (*n, i)).collect();
+        let mut lowers: Vec<Vec<usize>> = (0..made.len()).map(|i| vec![i]).collect();
         for link in &plan.links {
-            let (a, b) = (link.dialer.as_str(), link.acceptor.as_str());
-            if a == b || !waiting_on.contains_key(a) || !waiting_on.contains_key(b) {
+            let (Some(&a), Some(&b)) = (
+                place.get(link.dialer.as_str()),
+                place.get(link.acceptor.as_str()),
+            ) else {
                 continue;
-            }
+            };
             for (from, to) in [(a, b), (b, a)] {
-                if let Some(list) = waiting_on.get_mut(from)
-                    && !list.contains(&to)
-                {
-                    list.push(to);
+                if !lowers[from].contains(&to) {
+                    lowers[from].push(to);
                 }
             }
         }
-        let mut unwired: HashMap<&str, usize> = made.iter().map(|n| (*n, 0)).collect();
-        for list in waiting_on.values() {
-            for n in list {
-                if let Some(count) = unwired.get_mut(n) {
-                    *count += 1;
-                }
-            }
+        let mut unwired = vec![0; made.len()];
+        for to in lowers.iter().flatten() {
+            unwired[*to] += 1;
         }
-        StartGate {
-            unwired,
-            waiting_on,
-        }
+        StartGate { unwired, lowers }
     }
 
-    /// Notes that `node` is wired; returns the nodes whose agents may start
+    /// Notes that node `wired` is; returns the nodes whose agents may start
     /// now (each exactly once over all calls).
-    pub fn wired(&mut self, node: &str) -> Vec<&'p str> {
+    pub fn wired(&mut self, wired: usize) -> Vec<usize> {
+        let lowered = self.lowers.get_mut(wired).map(std::mem::take);
         let mut ready = Vec::new();
-        for n in self.waiting_on.remove(node).unwrap_or_default() {
-            if let Some(count) = self.unwired.get_mut(n) {
-                *count -= 1;
-                if *count == 0 {
-                    ready.push(n);
-                }
+        for n in lowered.unwrap_or_default() {
+            self.unwired[n] -= 1;
+            if self.unwired[n] == 0 {
+                ready.push(n);
             }
         }
         ready
@@ -77,20 +69,21 @@ mod tests {
     #[test]
     fn an_agent_starts_once_it_and_every_peer_being_made_are_wired() {
         let plan = line3();
+        let (a, b, c) = (0, 1, 2);
         let mut gate = StartGate::new(&plan, &["a", "b", "c"]);
-        assert!(gate.wired("b").is_empty(), "b's peers are not wired");
-        assert_eq!(gate.wired("a"), vec!["a"]);
-        let mut last = gate.wired("c");
+        assert!(gate.wired(b).is_empty(), "b's peers are not wired");
+        assert_eq!(gate.wired(a), vec![a]);
+        let mut last = gate.wired(c);
         last.sort_unstable();
-        assert_eq!(last, vec!["b", "c"]);
-        assert!(gate.wired("c").is_empty(), "nothing starts twice");
+        assert_eq!(last, vec![b, c]);
+        assert!(gate.wired(c).is_empty(), "nothing starts twice");
     }
 
     #[test]
     fn peers_already_running_do_not_hold_a_node_back() {
         let plan = line3();
         let mut gate = StartGate::new(&plan, &["c"]);
-        assert_eq!(gate.wired("c"), vec!["c"]);
+        assert_eq!(gate.wired(0), vec![0]);
     }
 
     #[test]
@@ -101,10 +94,8 @@ mod tests {
         );
         let names: Vec<&str> = plan.nodes.iter().map(|n| n.name.as_str()).collect();
         let mut gate = StartGate::new(&plan, &names);
-        let mut started: Vec<&str> = names.iter().rev().flat_map(|n| gate.wired(n)).collect();
+        let mut started: Vec<usize> = (0..names.len()).rev().flat_map(|i| gate.wired(i)).collect();
         started.sort_unstable();
-        let mut all = names.clone();
-        all.sort_unstable();
-        assert_eq!(started, all);
+        assert_eq!(started, (0..names.len()).collect::<Vec<_>>());
     }
 }

@@ -445,11 +445,7 @@ fn show_removal(bar: &indicatif::ProgressBar, topology: &str, step: Removal) {
         Removal::Namespaces { done, total } => {
             if bar.length() != Some(total as u64) {
                 bar.set_length(total as u64);
-                if let Ok(style) = indicatif::ProgressStyle::with_template(
-                    "{msg} [{bar:30}] {pos}/{len} {elapsed}",
-                ) {
-                    bar.set_style(style.progress_chars("=> "));
-                }
+                crate::up::counting_style(bar);
                 bar.set_message(format!("{topology}: removing namespaces"));
             }
             bar.set_position(done as u64);

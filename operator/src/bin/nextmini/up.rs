@@ -412,11 +412,16 @@ async fn wait_forwarding(
 
 fn progress_bar(len: u64, message: &str) -> ProgressBar {
     let bar = ProgressBar::new(len);
+    counting_style(&bar);
+    bar.set_message(message.to_string());
+    bar
+}
+
+/// The look of every counting bar of `up` and `down`.
+pub(crate) fn counting_style(bar: &ProgressBar) {
     if let Ok(style) = ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} {elapsed}") {
         bar.set_style(style.progress_chars("=> "));
     }
-    bar.set_message(message.to_string());
-    bar
 }
 
 /// Counts agents started; its message also counts nodes wired (namespace and
