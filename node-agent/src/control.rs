@@ -243,8 +243,16 @@ async fn session(
     let mut report_every = Duration::from_millis(1000);
     let mut ticker = tokio::time::interval(report_every);
     let mut idle = IdleReports::default();
+    let news = crate::news::news();
+    // The last look found nothing new: the next report waits for news or the
+    // idle interval.
+    let mut quiet = false;
     loop {
         tokio::select! {
+            _ = news.changed(), if quiet => {
+                quiet = false;
+                ticker.reset_immediately();
+            }
             msg = inbound.message() => {
                 let Some(msg) = msg? else { return Ok(()) };
                 match msg.msg {
@@ -270,6 +278,8 @@ async fn session(
                             }
                         };
                         tx.send(message(pb::agent_message::Msg::Ack(pb::Ack { generation, error }))).await?;
+                        // A new generation (and its links) is news.
+                        news.touch();
                     }
                     Some(pb::controller_message::Msg::Delta(d)) => {
                         let generation = d.generation;
@@ -289,6 +299,7 @@ async fn session(
                             }
                         };
                         tx.send(message(pb::agent_message::Msg::Ack(pb::Ack { generation, error }))).await?;
+                        news.touch();
                     }
                     Some(pb::controller_message::Msg::Reject(r)) => {
                         return Err(format!("hub rejected this agent: {}", r.reason).into());
@@ -315,9 +326,12 @@ async fn session(
                 tx.send(message(pb::agent_message::Msg::ScenarioApplied(report))).await?;
             }
             _ = ticker.tick() => {
+                news.arm();
                 let generation = dataplane.generation();
                 let links = dataplane.link_counters();
                 if idle.send_now(generation, &links, report_every) {
+                    news.disarm();
+                    quiet = false;
                     *sequence += 1;
                     let report = pb::Report {
                         sequence: *sequence,
@@ -330,10 +344,10 @@ async fn session(
                     };
                     tx.send(message(pb::agent_message::Msg::Report(report))).await?;
                 } else {
-                    // Nothing new: look again later than every interval, so an
-                    // idle agent wakes a few times per idle interval, not every
-                    // interval.
-                    ticker.reset_after(idle.quiet_tick(report_every));
+                    // Nothing new: the next look is when the idle report is
+                    // due, or at once when a counter moves (`crate::news`).
+                    quiet = true;
+                    ticker.reset_after(idle.until_due(report_every));
                 }
                 while let Some(results) = dataplane.synth().and_then(|s| s.next_report()) {
                     tx.send(message(pb::agent_message::Msg::FlowReport(results))).await?;
@@ -342,9 +356,6 @@ async fn session(
         }
     }
 }
-
-/// The longest an idle agent waits between looks at its counters.
-const QUIET_TICK_MAX: Duration = Duration::from_secs(5);
 
 /// Whether a report is due: one that says something new goes at once, and one
 /// that would repeat the last waits for the hub's idle interval. A thousand
@@ -358,12 +369,18 @@ struct IdleReports {
 }
 
 impl IdleReports {
-    /// How long to wait before looking again after a report that said nothing
-    /// new: the interval for a topology whose agents report every interval,
-    /// else a quarter of the idle interval, at most 5 s (so news waits at most
-    /// that long).
-    fn quiet_tick(&self, interval: Duration) -> Duration {
-        (self.every / 4).min(QUIET_TICK_MAX).max(interval)
+    /// How long until the idle report is due (see [`send_now`](Self::send_now)),
+    /// at least an interval: what a reporter that found nothing new waits for
+    /// unless news comes first.
+    fn until_due(&self, interval: Duration) -> Duration {
+        let since = self
+            .last
+            .as_ref()
+            .map(|(_, _, at)| at.elapsed())
+            .unwrap_or_default();
+        self.every
+            .saturating_sub(since + interval / 2)
+            .max(interval)
     }
 
     fn send_now(
@@ -450,18 +467,26 @@ mod tests {
             idle.send_now(2, &[link(5, 260)], interval),
             "the idle interval is up (within half an interval)"
         );
-        assert_eq!(
-            idle.quiet_tick(interval),
-            interval,
-            "a quarter of 300 ms is less than the interval"
+        let wait = idle.until_due(interval);
+        assert!(
+            wait > Duration::from_millis(240) && wait <= Duration::from_millis(250),
+            "just after a report, the next idle one is due in 300 ms less half an interval: {wait:?}"
         );
-        let large = IdleReports {
+        std::thread::sleep(Duration::from_millis(200));
+        assert_eq!(
+            idle.until_due(interval),
+            interval,
+            "due in 50 ms, but never sooner than an interval"
+        );
+        let mut large = IdleReports {
             every: Duration::from_secs(30),
             last: None,
         };
-        assert_eq!(
-            large.quiet_tick(Duration::from_secs(1)),
-            Duration::from_secs(5)
+        assert!(large.send_now(1, &[link(0, 0)], Duration::from_secs(1)));
+        let wait = large.until_due(Duration::from_secs(1));
+        assert!(
+            wait > Duration::from_millis(29_400) && wait <= Duration::from_millis(29_500),
+            "just after a report, the next idle one is due in 30 s less half an interval: {wait:?}"
         );
         let mut every_time = IdleReports::default();
         assert!(every_time.send_now(1, &[link(0, 0)], interval));

@@ -51,6 +51,7 @@ impl LinkCounters {
         self.queue_bytes.store(stats.queued.bytes, Relaxed);
         self.late_packets.store(stats.late, Relaxed);
         self.behind_ns.store(stats.behind_ns, Relaxed);
+        crate::news::touch();
     }
 
     /// Folds the lateness of one poll into the report window's worst.
@@ -63,21 +64,53 @@ impl LinkCounters {
     pub fn count_tx(&self, packets: u64, bytes: u64) {
         self.tx_bytes.fetch_add(bytes, Relaxed);
         self.tx_packets.fetch_add(packets, Relaxed);
+        crate::news::touch();
     }
 
     pub fn count_rx(&self, packets: u64, bytes: u64) {
         self.rx_bytes.fetch_add(bytes, Relaxed);
         self.rx_packets.fetch_add(packets, Relaxed);
+        crate::news::touch();
     }
 
     pub fn count_drop(&self) {
         self.drops.fetch_add(1, Relaxed);
+        crate::news::touch();
     }
 
     /// A packet dropped because the link is down (a timed scenario's doing).
     pub fn count_down_drop(&self) {
         self.drops.fetch_add(1, Relaxed);
         self.drops_down.fetch_add(1, Relaxed);
+        crate::news::touch();
+    }
+
+    /// A packet that reached the hop limit on its way out over this link.
+    pub fn count_loop_drop(&self) {
+        self.drops_loop.fetch_add(1, Relaxed);
+        crate::news::touch();
+    }
+
+    /// Bytes spliced onto this link's connection (see `spliced_bytes`).
+    pub fn count_spliced(&self, bytes: u64) {
+        self.spliced_bytes.fetch_add(bytes, Relaxed);
+        crate::news::touch();
+    }
+
+    /// The connection came up (counted as a connect) or went down.
+    pub fn set_connected(&self, up: bool) {
+        self.connected.store(up, Relaxed);
+        if up {
+            self.connects.fetch_add(1, Relaxed);
+        }
+        crate::news::touch();
+    }
+
+    /// The connection's latest round trip; the first is news to the hub (it
+    /// says the link forwards).
+    pub fn set_rtt_us(&self, rtt_us: u64) {
+        self.rtt_us.store(rtt_us, Relaxed);
+        crate::news::touch();
     }
 
     /// The counters for a report; starts a new window of the worst lateness.

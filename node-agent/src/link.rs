@@ -42,12 +42,6 @@ pub(crate) const READ_BUFFER: usize = 64 * 1024;
 /// Frames fed to the writer are written when it is flushed, in one write, up
 /// to this much (the default of 8 KiB wrote every sixth frame on its own).
 const WRITE_BOUNDARY: usize = 256 * 1024;
-/// How often a link that carries traffic measures its connection's round trip.
-const PROBE_EVERY: Duration = Duration::from_secs(1);
-/// How often an idle link does: a probe wakes both ends and its answer wakes
-/// them again, which at thousands of idle agents on a machine was most of
-/// their CPU.
-const IDLE_PROBE_EVERY: Duration = Duration::from_secs(10);
 /// Keepalive flag: this frame answers a probe.
 const PROBE_REPLY: u8 = 1;
 
@@ -332,11 +326,10 @@ impl LinkTask {
                     None => return,
                 },
             };
-            self.counters.connected.store(true, Relaxed);
-            self.counters.connects.fetch_add(1, Relaxed);
+            self.counters.set_connected(true);
             tracing::info!(link = %self.spec.name, peer = %self.spec.peer_node, transport = ?self.spec.transport, "link up");
             let outcome = self.carry(conn).await;
-            self.counters.connected.store(false, Relaxed);
+            self.counters.set_connected(false);
             match outcome {
                 Outcome::Stopped => return,
                 Outcome::Replaced(c) => next = Some(c),
@@ -418,6 +411,8 @@ impl LinkTask {
             }
         });
         // The first probe goes at once, so the round trip is known early.
+        // Only the dialer probes (see `crate::probe`).
+        let prober = matches!(self.spec.role, Role::Dial { .. });
         let probe = tokio::time::sleep(Duration::ZERO);
         tokio::pin!(probe);
         let traffic = |c: &LinkCounters| c.tx_packets.load(Relaxed) + c.rx_packets.load(Relaxed);
@@ -450,15 +445,24 @@ impl LinkTask {
                         timer.sleep_until(deadline).await
                     }
                 }, if deadline.is_some() => {}
-                _ = &mut probe => {
-                    let sent_at = bytes::Bytes::copy_from_slice(&self.now().to_be_bytes());
-                    if let Err(e) = writer.send(keepalive(0, sent_at)).await {
+                _ = &mut probe, if prober => {
+                    let sent = crate::probe::Probe {
+                        sent_at_ns: self.now(),
+                        rtt_us: self.counters.rtt_us.load(Relaxed),
+                    };
+                    if let Err(e) = writer.send(keepalive(0, sent.encode())).await {
                         break Outcome::Broken(e.to_string());
                     }
                     let now = traffic(&self.counters);
-                    let next = if now != traffic_at_probe { PROBE_EVERY } else { IDLE_PROBE_EVERY };
+                    let busy = now != traffic_at_probe;
                     traffic_at_probe = now;
-                    probe.as_mut().reset(tokio::time::Instant::now() + next);
+                    let next = crate::probe::next_at(
+                        Instant::now(),
+                        busy,
+                        sent.rtt_us > 0,
+                        crate::probe::agent_grid(),
+                    );
+                    probe.as_mut().reset(next.into());
                 }
                 echo = echo_rx.recv() => {
                     if let Some(payload) = echo
@@ -593,7 +597,7 @@ impl LinkTask {
             .await
             .map_err(|e| e.to_string())?;
         self.counters.count_tx(packets, bytes);
-        self.counters.spliced_bytes.fetch_add(len as u64, Relaxed);
+        self.counters.count_spliced(len as u64);
         Ok(())
     }
 
@@ -835,8 +839,8 @@ async fn send_one(conn: &mut Conn, frame: Frame) -> Result<(), String> {
 }
 
 /// A keepalive frame: a probe (flags 0) or its echo (flags `PROBE_REPLY`),
-/// carrying the prober's clock; it bypasses the emulation pipeline, so the
-/// round trip is the connection's own.
+/// carrying a [`crate::probe::Probe`]; it bypasses the emulation pipeline, so
+/// the round trip is the connection's own.
 fn keepalive(flags: u8, payload: bytes::Bytes) -> Frame {
     Frame {
         header: FrameHeader {
@@ -903,14 +907,21 @@ impl Receiver {
                 }
             }
             FrameKind::Keepalive if frame.header.flags & PROBE_REPLY == 0 => {
+                // The dialer's round trip is this end's too: the same
+                // connection, crossed both ways.
+                if let Some(probe) = crate::probe::Probe::decode(&frame.payload)
+                    && probe.rtt_us > 0
+                {
+                    self.counters.set_rtt_us(probe.rtt_us);
+                }
                 // A full echo queue means probes pile up; skipping one is harmless.
                 let _ = self.echo.try_send(frame.payload);
             }
             FrameKind::Keepalive => {
-                if let Ok(sent) = <[u8; 8]>::try_from(&frame.payload[..]) {
+                if let Some(sent) = crate::probe::Probe::decode(&frame.payload) {
                     let now = self.epoch.elapsed().as_nanos() as u64;
-                    let rtt_ns = now.saturating_sub(u64::from_be_bytes(sent));
-                    self.counters.rtt_us.store(rtt_ns / 1000, Relaxed);
+                    let rtt_ns = now.saturating_sub(sent.sent_at_ns);
+                    self.counters.set_rtt_us(rtt_ns / 1000);
                 }
             }
             FrameKind::Hello => {}

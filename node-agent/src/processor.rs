@@ -164,7 +164,7 @@ async fn process(packet: Packet, out: &Outputs) -> bool {
         Decision::Forward { link, label } => {
             let Some(hops) = table.hop_limit().next(packet.hops) else {
                 // Counted on the link the loop runs through, and for the node.
-                link.counters.drops_loop.fetch_add(1, Relaxed);
+                link.counters.count_loop_drop();
                 out.counters.hop_limit.fetch_add(1, Relaxed);
                 return true;
             };

@@ -26,6 +26,7 @@ impl ResultOutbox {
             self.dropped += 1;
         }
         self.unsent.push_back(result);
+        crate::news::touch();
     }
 
     fn in_flight_len(&self) -> usize {
