@@ -106,11 +106,12 @@ impl LinkCounters {
         crate::news::touch();
     }
 
-    /// The connection's latest round trip; the first is news to the hub (it
-    /// says the link forwards).
+    /// The connection's latest round trip. Only the first is news to the hub
+    /// (it says the link forwards); later ones ride on the next report.
     pub fn set_rtt_us(&self, rtt_us: u64) {
-        self.rtt_us.store(rtt_us, Relaxed);
-        crate::news::touch();
+        if self.rtt_us.swap(rtt_us, Relaxed) == 0 && rtt_us > 0 {
+            crate::news::touch();
+        }
     }
 
     /// The counters for a report; starts a new window of the worst lateness.
