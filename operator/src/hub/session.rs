@@ -92,9 +92,10 @@ impl Liveness {
 /// disconnected. An agent applying a config it has not acknowledged yet sends
 /// nothing until it is done, which takes seconds for a large snapshot on a
 /// crowded machine (when the watchdog still dropped sessions, at 2,000 agents
-/// on two cores that fed on itself until only a tenth stayed connected). An idle agent reports only every idle interval, so the
-/// limit runs from its idle report. A dead or frozen process is still found by
-/// the connection's HTTP/2 keepalive within 40 s (a ping every 20 s, 20 s to answer).
+/// on two cores that fed on itself until only a tenth stayed connected). An
+/// idle agent reports only every idle interval, so the limit runs from its
+/// idle report. A dead or frozen process is still found by the connection's
+/// HTTP/2 keepalive within 40 s (a ping every 20 s, 20 s to answer).
 pub(super) fn silence_limit_ms(
     report_interval_ms: u32,
     idle_report_interval_ms: u32,
