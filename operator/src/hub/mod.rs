@@ -636,11 +636,15 @@ impl Hub {
             if trims_left > 0 {
                 trims_left -= 1;
                 let before = crate::observe::process_rss_bytes();
+                // Their buffers were grown by the gone topology's batches.
+                let recycled = self.inner.store.recycle_idle_connections().await
+                    + self.inner.views_store.recycle_idle_connections().await;
                 crate::observe::return_free_memory();
                 // At most a few lines after sessions or topologies went.
                 tracing::info!(
                     sessions = now.0,
                     views = now.1,
+                    recycled_connections = recycled,
                     rss_before = before,
                     rss_after = crate::observe::process_rss_bytes(),
                     "returned free memory"

@@ -150,6 +150,25 @@ impl Store {
         &self.pool
     }
 
+    /// Closes the pool's idle connections; the next statements open new ones.
+    /// A connection's read and write buffers keep the size of the largest
+    /// batch it carried (a 1,000-agent topology's acknowledgements and
+    /// counters), and its statement cache the statements it ran, for as long
+    /// as it lives. Returns how many were closed.
+    pub async fn recycle_idle_connections(&self) -> usize {
+        let mut closed = 0;
+        for _ in 0..self.pool.num_idle() {
+            let Some(connection) = self.pool.try_acquire() else {
+                break;
+            };
+            if let Err(e) = connection.close().await {
+                tracing::debug!(error = %e, "closing an idle connection failed");
+            }
+            closed += 1;
+        }
+        closed
+    }
+
     /// Writes a topology's desired state in one transaction, replacing any earlier
     /// version of it: either all of it is stored or none. Returns the new generation.
     pub async fn apply_plan(
