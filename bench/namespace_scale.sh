@@ -35,13 +35,19 @@ ours_before=$(ours)
 before=$(avail)
 echo "$label: up (progress on stderr)" >&2
 start=$(now)
-"$bin" up -f "$work/topology.yaml" --timeout-secs 1800 > "$work/up.log"
+if ! "$bin" up -f "$work/topology.yaml" --timeout-secs 1800 > "$work/up.log"; then
+    echo "miss: up failed after $(since "$start") s; its output:" >&2
+    tail -n 40 "$work/up.log" >&2
+    exit 1
+fi
 up_s=$(since "$start")
 after=$(avail)
 used_gib=$(awk -v b="$before" -v a="$after" 'BEGIN { printf "%.1f", (b - a) / 1048576 }')
+tail -n 3 "$work/up.log" >&2
 hub_mib=$(awk '/^VmRSS/{printf "%.0f", $2 / 1024}' "/proc/$(cat "$NEXTMINI_STATE_DIR/hub.pid")/status")
 
-ping_out=$("$bin" exec "$near" -- ping -c 3 -W 30 "$far" 2>&1 | tail -2 | tr '\n' ' ')
+# A lost ping is a miss to print below, not the end of the script.
+ping_out=$("$bin" exec "$near" -- ping -c 3 -W 30 "$far" 2>&1 | tail -2 | tr '\n' ' ' || true)
 received=$(sed -n 's/.* \([0-9]*\) received.*/\1/p' <<< "$ping_out")
 head -c 100000 /dev/urandom > "$work/blob"
 "$bin" exec "$far" -- sh -c "python3 -m http.server 8000 --directory $work >/dev/null 2>&1 &"

@@ -620,6 +620,7 @@ impl Hub {
         let mut tick = tokio::time::interval(RETURN_MEMORY_EVERY);
         let mut held = (0, 0);
         let mut trims_left = 0;
+        let mut recycles_left = 0;
         loop {
             tick.tick().await;
             let now = (
@@ -633,12 +634,22 @@ impl Hub {
                 self.inner.sessions.lock().await.shrink_to_fit();
                 self.inner.views.lock().await.shrink_to_fit();
             }
+            // Only after a topology went: agents reconnecting during a large
+            // `up` make the session count fall too, and reopening the pool
+            // then would cost a loaded database connection set-ups for nothing.
+            if now.1 < held.1 {
+                recycles_left = TRIMS_AFTER_A_FALL;
+            }
             if trims_left > 0 {
                 trims_left -= 1;
                 let before = crate::observe::process_rss_bytes();
-                // Their buffers were grown by the gone topology's batches.
-                let recycled = self.inner.store.recycle_idle_connections().await
-                    + self.inner.views_store.recycle_idle_connections().await;
+                let mut recycled = 0;
+                if recycles_left > 0 {
+                    recycles_left -= 1;
+                    // Their buffers were grown by the gone topology's batches.
+                    recycled = self.inner.store.recycle_idle_connections().await
+                        + self.inner.views_store.recycle_idle_connections().await;
+                }
                 crate::observe::return_free_memory();
                 // At most a few lines after sessions or topologies went.
                 tracing::info!(
