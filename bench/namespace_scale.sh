@@ -43,7 +43,6 @@ fi
 up_s=$(since "$start")
 after=$(avail)
 used_gib=$(awk -v b="$before" -v a="$after" 'BEGIN { printf "%.1f", (b - a) / 1048576 }')
-tail -n 3 "$work/up.log" >&2
 hub_mib=$(awk '/^VmRSS/{printf "%.0f", $2 / 1024}' "/proc/$(cat "$NEXTMINI_STATE_DIR/hub.pid")/status")
 
 # A lost ping is a miss to print below, not the end of the script.

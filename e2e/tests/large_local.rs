@@ -15,7 +15,7 @@ const NEIGH: &str = "/proc/sys/net/ipv4/neigh/default";
 /// The hub's resident memory after the ring's `down`, against before its `up`
 /// (with a 2-node line running all along). Issue 16 asks for 1.1: measured
 /// 1.02-1.04 since the hub also closes its idle database connections after a
-/// fall (their buffers kept the largest batch: 1.09-1.11 without that);
+/// topology went (their buffers kept its largest batch: 1.09-1.11 without);
 /// 1.08-1.15 once it ran without glibc's per-thread cache
 /// (`runtime::tunables`) and shrank its session table; 1.25-1.31 with the
 /// cache, whose freed blocks kept 4 MB of heap pages; 2.0-2.5 while the hub
