@@ -30,8 +30,23 @@ now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.1f", b - a }'; }
 verdict() { awk -v v="$1" -v l="$2" 'BEGIN { print (v <= l) ? "pass" : "miss" }'; }
 
-ours() { echo $(( $(ls /run/netns | grep -c '^nm-' || true) + $(pgrep -c nextmini-agent || true) )); }
+# Live agents only: an exited one stays a zombie until this machine's init reaps it.
+ours() { echo $(( $(ls /run/netns | grep -c '^nm-' || true) + $(pgrep -c -r R,S,D,T,t,I nextmini-agent || true) )); }
 ours_before=$(ours)
+# CPU-seconds so far: the machine's busy time, then the live processes' user +
+# system time by part. PID 1 is the machine's own (a sandbox's supervisor here,
+# whose share of a 9,472-node `up` grew from 33-49 to 146-180 CPU-s between two
+# machines of the same kind): counted so a slow `up` says whose time it was.
+cpu_parts() {
+    awk '/^cpu /{ printf "%.1f ", ($2 + $3 + $4 + $7 + $8 + $9) / 100; exit }' /proc/stat
+    # A process that exits between the glob and the read fails `cat`, not the script.
+    { cat /proc/[0-9]*/stat 2>/dev/null || true; } | awk -v init="$(cut -d' ' -f2 /proc/1/stat)" '
+        { line = $0; sub(/^[0-9]+ /, "", line); name = line; sub(/\) [^)]*$/, ")", name)
+          sub(/^.*\) /, "", line); split(line, f, " "); t[name] += f[12] + f[13] }
+        END { printf "%.1f %.1f %.1f %.1f", t["(nextmini-agent)"] / 100, t["(nextmini)"] / 100,
+              t["(postgres)"] / 100, t[init] / 100 }'
+}
+cpu_before=$(cpu_parts)
 before=$(avail)
 echo "$label: up (progress on stderr)" >&2
 start=$(now)
@@ -41,6 +56,11 @@ if ! "$bin" up -f "$work/topology.yaml" --timeout-secs 1800 > "$work/up.log"; th
     exit 1
 fi
 up_s=$(since "$start")
+cpu_after=$(cpu_parts)
+cpu_up=$(awk -v b="$cpu_before" -v a="$cpu_after" -v wall="$up_s" -v cores="$(nproc)" -v init="$(cut -d' ' -f2 /proc/1/stat)" 'BEGIN {
+    split(b, x, " "); split(a, y, " ")
+    printf "machine busy %.0f of %.0f CPU-s; agents %.0f, nextmini (hub and up) %.0f, postgres (live backends) %.0f, PID 1 %s %.0f",
+        y[1] - x[1], cores * wall, y[2] - x[2], y[3] - x[3], y[4] - x[4], init, y[5] - x[5] }')
 after=$(avail)
 used_gib=$(awk -v b="$before" -v a="$after" 'BEGIN { printf "%.1f", (b - a) / 1048576 }')
 hub_mib=$(awk '/^VmRSS/{printf "%.0f", $2 / 1024}' "/proc/$(cat "$NEXTMINI_STATE_DIR/hub.pid")/status")
@@ -64,7 +84,7 @@ down_s=$(since "$start")
 left=$(( $(ours) - ours_before ))
 
 echo "topology=\"$label\" up_s=$up_s down_s=$down_s memory_gib=$used_gib hub_rss_mib=$hub_mib ping_${near}_${far}=\"$ping_out\" curl_100KB_s=$curl_s left=$left"
-echo "$(verdict "$up_s" 120): up in $up_s s (target <= 120 s)"
+echo "$(verdict "$up_s" 120): up in $up_s s (target <= 120 s); during it: $cpu_up"
 echo "$(verdict "$down_s" 60): down in $down_s s (target <= 60 s)"
 echo "$(verdict "$used_gib" 16): whole machine $used_gib GiB (MemAvailable drop; target <= 16 GiB)"
 echo "$( [ "${received:-0}" -gt 0 ] && echo pass || echo miss ): ping $near -> $far: ${received:-0}/3"
