@@ -317,6 +317,10 @@ impl Hub {
         let mut views = self.inner.views.lock().await;
         match &view {
             Some(v) => {
+                // A change read meanwhile may have put a later one there.
+                if let Some(newer) = views.get(topology).filter(|o| o.overtakes(v)) {
+                    return Ok(Some(newer.clone()));
+                }
                 views.insert(topology.to_string(), v.clone());
             }
             None => {
@@ -385,6 +389,16 @@ impl Hub {
         }
         let old = {
             let mut views = self.inner.views.lock().await;
+            if let Some(v) = &new
+                && let Some(newer) = views.get(topology).filter(|o| o.overtakes(v))
+            {
+                // A connecting agent's Hello loaded a later generation while
+                // this one was read, and its sessions got that: putting this
+                // one back would make the hub believe they run it. The later
+                // generation's own notification brings the rest to it.
+                tracing::debug!(%topology, loaded = v.generation, served = newer.generation, "change overtaken while it was read");
+                return;
+            }
             match &new {
                 Some(v) => views.insert(topology.to_string(), v.clone()),
                 None => views.remove(topology),
@@ -419,8 +433,11 @@ impl Hub {
                 .cloned()
                 .collect(),
         };
+        let mut carried = Vec::new();
         for key in &first {
-            bring_up_to_date(&mut sessions, key, &new);
+            if let Delivery::Carried { sent } = bring_up_to_date(&mut sessions, key, &new) {
+                carried.push((key.1.clone(), sent));
+            }
         }
         // The sends woke the changed nodes' connection tasks into this
         // worker's next slot, which no other worker may take: they would run
@@ -437,7 +454,6 @@ impl Hub {
             None => Vec::new(),
         };
         let mut behind = Vec::new();
-        let mut carried = Vec::new();
         for key in rest {
             match unchanged_from.and_then(|from| carry_forward(&mut sessions, &key, from, &new)) {
                 Some(sent) => carried.push((key.1, sent)),
@@ -469,9 +485,24 @@ impl Hub {
         let hub = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(UNAFFECTED_DELAY).await;
-            let mut sessions = hub.inner.sessions.lock().await;
-            for key in &behind {
-                bring_up_to_date(&mut sessions, key, &new);
+            let carried: Vec<(String, i64)> = {
+                let mut sessions = hub.inner.sessions.lock().await;
+                behind
+                    .into_iter()
+                    .filter_map(|key| match bring_up_to_date(&mut sessions, &key, &new) {
+                        Delivery::Carried { sent } => Some((key.1, sent)),
+                        _ => None,
+                    })
+                    .collect()
+            };
+            if !carried.is_empty()
+                && let Err(e) = hub
+                    .inner
+                    .store
+                    .carry_acks(new.topology_id, new.generation, &carried)
+                    .await
+            {
+                tracing::warn!(topology = %new.plan.topology, error = %e, "recording the unchanged nodes at the new generation failed");
             }
         });
     }
@@ -718,29 +749,56 @@ impl Hub {
     }
 }
 
+/// What `bring_up_to_date` did for one session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Delivery {
+    /// A delta or snapshot was queued.
+    Sent,
+    /// The session's config already is `new`'s: it was sent nothing, and its
+    /// ack of generation `sent` stands for the new one (`Store::carry_acks`).
+    Carried { sent: i64 },
+    /// Already there, held down, of another creation, or gone.
+    Nothing,
+}
+
 /// Sends a session what takes its agent to `new`'s generation: a delta from
 /// the config it has, or a full snapshot. A session already there (or past it,
-/// when a later change overtook a delayed send) is left alone.
+/// when a later change overtook a delayed send) is left alone, and so is one
+/// whose config the change left as it was, however the hub's bookkeeping of
+/// generations came to call it behind: an agent that needs nothing is sent
+/// nothing (issue 16.4).
 fn bring_up_to_date(
     sessions: &mut HashMap<SessionKey, SessionEntry>,
     key: &SessionKey,
     new: &TopologyView,
-) {
+) -> Delivery {
     let Some(entry) = sessions.get_mut(key) else {
-        return;
+        return Delivery::Nothing;
     };
     let (topology, node) = key;
     // A session of an earlier creation of this name: `end_other_creations`
     // ends it.
     if entry.generation >= new.generation || entry.held || entry.topology_id != new.topology_id {
-        return;
+        return Delivery::Nothing;
     }
     let Some(next) = new.snapshot(node) else {
         entry.send(reject(format!(
             "node {node} is no longer part of topology {topology}"
         )));
-        return;
+        return Delivery::Sent;
     };
+    let next_config = SentConfig::of(&next);
+    if entry
+        .config
+        .as_ref()
+        .is_some_and(|c| c.runs_same_as(&next_config))
+    {
+        tracing::debug!(%topology, %node, sent = entry.generation, generation = new.generation, "config unchanged: carried, not sent");
+        entry.same_as = entry.same_as.max(new.generation);
+        return Delivery::Carried {
+            sent: entry.generation,
+        };
+    }
     let msg = entry
         .config
         .as_ref()
@@ -757,8 +815,9 @@ fn bring_up_to_date(
     if entry.send(msg) {
         entry.generation = new.generation;
         entry.same_as = new.generation;
-        entry.config = Some(SentConfig::of(&next));
+        entry.config = Some(next_config);
     }
+    Delivery::Sent
 }
 
 /// Ends the sessions of `topology` that are not of creation `current` (all
@@ -1029,10 +1088,38 @@ mod tests {
         }
         assert_eq!((sessions[&key].generation, sessions[&key].same_as), (3, 3));
 
+        // A session the hub's generations call behind (its view of the old
+        // generation was overtaken, say) but whose config the change left as
+        // it was is carried, not sent anything (CI once saw a batch of 20
+        // agents sent a route change they did not need).
+        let mut plan = line3();
+        plan.link_mut(1).forward.rate_bps = Some(9_000_000);
+        plan.link_mut(0).forward.rate_bps = Some(7_000_000);
+        assert_eq!(
+            bring_up_to_date(&mut sessions, &key, &view(plan, 5)),
+            Delivery::Carried { sent: 3 }
+        );
+        assert!(rx.try_recv().is_err(), "a was sent its own config again");
+        assert_eq!((sessions[&key].generation, sessions[&key].same_as), (3, 5));
+        // Its next real change is a delta from what it runs.
+        let mut plan = line3();
+        plan.link_mut(1).forward.rate_bps = Some(9_000_000);
+        plan.link_mut(0).forward.rate_bps = Some(1_000_000);
+        assert_eq!(
+            bring_up_to_date(&mut sessions, &key, &view(plan, 6)),
+            Delivery::Sent
+        );
+        match rx.try_recv().expect("a delta").expect("ok").msg {
+            Some(pb::controller_message::Msg::Delta(d)) => {
+                assert_eq!((d.base_generation, d.generation), (3, 6));
+            }
+            other => panic!("expected a delta, got {other:?}"),
+        }
+
         // A session held down by a scenario is never carried.
         sessions.get_mut(&key).expect("a").held = true;
         assert_eq!(
-            carry_forward(&mut sessions, &key, 3, &with_rate(1, 1, 4)),
+            carry_forward(&mut sessions, &key, 6, &with_rate(1, 1, 7)),
             None
         );
     }

@@ -303,6 +303,11 @@ impl TopologyView {
         view
     }
 
+    /// Whether this view is of `other`'s creation and a later generation.
+    pub fn overtakes(&self, other: &TopologyView) -> bool {
+        self.topology_id == other.topology_id && self.generation > other.generation
+    }
+
     /// Whether this view was made from an earlier one and the rows a change
     /// stamped ([`TopologyView::same_plan_as`],
     /// [`TopologyView::with_links_changed`]) rather than from every stored row.
@@ -854,6 +859,17 @@ impl SentConfig {
                 .map(|l| (l.name.clone(), digest_of(l)))
                 .collect(),
         }
+    }
+
+    /// Whether an agent that runs this config runs `other`'s too: everything
+    /// but the generation it was sent at is the same.
+    pub fn runs_same_as(&self, other: &SentConfig) -> bool {
+        self.node == other.node
+            && self.report_interval_ms == other.report_interval_ms
+            && self.idle_report_interval_ms == other.idle_report_interval_ms
+            && self.flows == other.flows
+            && self.routes == other.routes
+            && self.links == other.links
     }
 }
 
