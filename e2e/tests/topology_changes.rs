@@ -90,11 +90,21 @@ fn changes_apply_node_by_node_and_failures_change_nothing() {
     let blocked = write("blocked.yaml", &with_extra("e", "e"));
     let out = env.run(&["up", "-f", &blocked]);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // The rollback undoes what the run made, not the namespace that was there.
+    let squatter_kept = nextmini_operator::runtime::netlink::netns_path(&squatter).exists();
     let _ = std::process::Command::new("ip")
         .args(["netns", "del", &squatter])
         .status();
     assert!(!out.status.success(), "the change should have failed");
     assert!(stderr.contains("runs on unchanged"), "{stderr}");
+    assert!(
+        stderr.contains(&format!("its network namespace {squatter} already exists")),
+        "{stderr}"
+    );
+    assert!(
+        squatter_kept,
+        "the failed change removed {squatter}, which it did not make"
+    );
     assert_eq!(
         generation(&env),
         before,

@@ -321,6 +321,15 @@ impl NetnsRuntime {
         // program is an error now, not an agent failing later.
         let mut made: Vec<(&PlannedNode, &NodeCredential)> = Vec::with_capacity(wanted.len());
         for node in wanted {
+            // A namespace by that name is someone else's (ours are gone before
+            // a node is made again): refuse, and leave it as it is.
+            let ns = names::netns(topology, &node.name);
+            if netlink::netns_path(&ns).exists() {
+                return Err(RuntimeError::Conflict(format!(
+                    "node {}: its network namespace {ns} already exists and this run did not make it; remove it (`ip netns del {ns}`) or run `nextmini down --all`",
+                    node.name
+                )));
+            }
             socks_addresses_free(node)?;
             let credential = credentials.nodes.get(&node.name).ok_or_else(|| {
                 RuntimeError::Conflict(format!("no credential for node {}", node.name))

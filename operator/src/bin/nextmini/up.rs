@@ -7,7 +7,7 @@ use anyhow::{Context, bail};
 use indicatif::{ProgressBar, ProgressStyle};
 use nextmini_operator::pki::Credentials;
 use nextmini_operator::plan::{self, NodeChanges, Plan};
-use nextmini_operator::runtime::{Runtime, Stage};
+use nextmini_operator::runtime::{Runtime, Stage, names, netlink};
 use nextmini_operator::store::Store;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -252,8 +252,15 @@ async fn change(
         .cloned()
         .collect();
     let (credentials, hashes) = new_credentials(store, topology, changes.added.iter()).await?;
+    // Only what this run made is undone: a namespace that was there before is
+    // not ours to remove (add_nodes refuses to start over one).
+    let made_here: Vec<String> = fresh
+        .iter()
+        .filter(|n| !netlink::netns_path(&names::netns(topology, n)).exists())
+        .cloned()
+        .collect();
     let rollback = |e: anyhow::Error| async {
-        if let Err(cleanup) = runtime.remove_nodes(topology, &fresh).await {
+        if let Err(cleanup) = runtime.remove_nodes(topology, &made_here).await {
             eprintln!("warning: removing the nodes this run started failed: {cleanup}");
         }
         runtime.write_hosts(running);
