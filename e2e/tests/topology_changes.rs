@@ -91,7 +91,7 @@ fn changes_apply_node_by_node_and_failures_change_nothing() {
     let out = env.run(&["up", "-f", &blocked]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     // The rollback undoes what the run made, not the namespace that was there.
-    let squatter_kept = nextmini_operator::runtime::netlink::netns_path(&squatter).exists();
+    let squatter_kept = nextmini_operator::runtime::netlink::netns_exists(&squatter);
     let _ = std::process::Command::new("ip")
         .args(["netns", "del", &squatter])
         .status();

@@ -18,6 +18,11 @@ pub fn netns_path(name: &str) -> PathBuf {
     Path::new(NETNS_DIR).join(name)
 }
 
+/// Whether a named network namespace exists (made by anyone, `ip netns` included).
+pub fn netns_exists(name: &str) -> bool {
+    netns_path(name).exists()
+}
+
 /// A netlink handle in the caller's namespace.
 pub fn connect_here() -> Result<Handle, RuntimeError> {
     let (conn, handle, _) =

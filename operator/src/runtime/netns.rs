@@ -46,7 +46,7 @@ impl NetnsRuntime {
     pub fn is_running(&self, plan: &Plan) -> bool {
         plan.nodes.iter().all(|n| {
             let ns = names::netns(&plan.topology, &n.name);
-            netlink::netns_path(&ns).exists() && !process::find_agents_in(&ns).is_empty()
+            netlink::netns_exists(&ns) && !process::find_agents_in(&ns).is_empty()
         })
     }
 
@@ -324,7 +324,7 @@ impl NetnsRuntime {
             // A namespace by that name is someone else's (ours are gone before
             // a node is made again): refuse, and leave it as it is.
             let ns = names::netns(topology, &node.name);
-            if netlink::netns_path(&ns).exists() {
+            if netlink::netns_exists(&ns) {
                 return Err(RuntimeError::Conflict(format!(
                     "node {}: its network namespace {ns} already exists and this run did not make it; remove it (`ip netns del {ns}`) or run `nextmini down --all`",
                     node.name
@@ -542,7 +542,7 @@ async fn open_underlay(topology: &str) -> Result<rtnetlink::Handle, RuntimeError
         )));
     }
     let underlay = names::underlay_netns(topology);
-    if !netlink::netns_path(&underlay).exists() {
+    if !netlink::netns_exists(&underlay) {
         netlink::create_netns(&underlay, netlink::NamespaceRole::Underlay).await?;
     }
     netlink::connect_in(&underlay).await

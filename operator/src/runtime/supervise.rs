@@ -44,7 +44,7 @@ async fn sweep(
         }
         let ns = names::netns(&topology, &node);
         let dead = !process::is_running(pid as u32) && process::find_agents_in(&ns).is_empty();
-        if !dead || !netlink::netns_path(&ns).exists() {
+        if !dead || !netlink::netns_exists(&ns) {
             continue;
         }
         if !plans.contains_key(&topology) {

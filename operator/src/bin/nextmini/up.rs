@@ -256,7 +256,7 @@ async fn change(
     // not ours to remove (add_nodes refuses to start over one).
     let made_here: Vec<String> = fresh
         .iter()
-        .filter(|n| !netlink::netns_path(&names::netns(topology, n)).exists())
+        .filter(|n| !netlink::netns_exists(&names::netns(topology, n)))
         .cloned()
         .collect();
     let rollback = |e: anyhow::Error| async {
